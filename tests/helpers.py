@@ -1,0 +1,58 @@
+"""Shared test utilities: tiny federations on the embedded digits data."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+
+from fl_lightning import FedAvg, FederatedDataModule, Federation
+
+
+def tiny_run(
+    tmp_path: Path,
+    method: type[FedAvg] = FedAvg,
+    rounds: int = 3,
+    callbacks: list[L.Callback] | None = None,
+    ckpt_path: str | None = None,
+    data_kwargs: dict[str, Any] | None = None,
+    model_kwargs: dict[str, Any] | None = None,
+    fed_kwargs: dict[str, Any] | None = None,
+    precision: str = "32-true",
+) -> tuple[L.Trainer, Federation, FedAvg]:
+    """A few rounds of a small federation on digits, as a user importing the package would write it."""
+    data_kwargs = {"num_clients": 5, "partition": "dirichlet", "alpha": 1.0, "batch_size": 32, **(data_kwargs or {})}
+    dm = FederatedDataModule("digits", **data_kwargs)
+    model = method(
+        net="lenet",
+        num_classes=dm.num_classes,
+        in_channels=dm.in_channels,
+        image_size=dm.image_size,
+        lr=0.05,
+        **(model_kwargs or {}),
+    )
+    fed = Federation(rounds=rounds, local_epochs=1, **(fed_kwargs or {}))
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_epochs=rounds,
+        callbacks=[fed, L.pytorch.callbacks.ModelCheckpoint(save_last=True, save_top_k=0), *(callbacks or [])],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+        precision=precision,
+    )
+    trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
+    return trainer, fed, model
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, str]]:
+    with open(run_dir / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def read_summary(run_dir: Path) -> dict[str, Any]:
+    return json.loads((run_dir / "summary.json").read_text())

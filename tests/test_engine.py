@@ -1,0 +1,231 @@
+"""The federation engine: aggregation arithmetic, one-fit federations, resume, divergence, bad input."""
+
+from __future__ import annotations
+
+import math
+
+import lightning as L
+import pytest
+import torch
+from helpers import read_metrics, read_summary, tiny_run
+
+from fl_lightning import FedAvg, FederatedDataModule, Federation
+from fl_lightning.aggregation import StateAccumulator, aggregation_weights, weighted_average
+
+
+class TestAggregation:
+    def test_weighted_average_hand_computed(self):
+        # Prepare: two clients with 1 and 3 samples
+        a = {"w": torch.tensor([1.0, 2.0]), "b": torch.tensor(0.0), "n": torch.tensor(7)}
+        b = {"w": torch.tensor([5.0, -2.0]), "b": torch.tensor(4.0), "n": torch.tensor(9)}
+        # Execute
+        out = weighted_average([a, b], aggregation_weights([1, 3]))
+        # Assert: 0.25*a + 0.75*b; integer buffer from the first client
+        assert out["w"].tolist() == [4.0, -1.0]
+        assert out["b"].item() == 3.0
+        assert out["n"].item() == 7 and out["n"].dtype == torch.int64
+
+    def test_uniform_weights(self):
+        assert aggregation_weights([10, 30, 60], "uniform") == pytest.approx([1 / 3] * 3)
+        out = weighted_average([{"w": torch.tensor(0.0)}, {"w": torch.tensor(3.0)}], aggregation_weights([1, 9], "uniform"))
+        assert out["w"].item() == pytest.approx(1.5)
+
+    def test_accumulator_restores_dtype(self):
+        acc = StateAccumulator()
+        acc.add({"w": torch.tensor([1.0], dtype=torch.float16)}, 0.5)
+        acc.add({"w": torch.tensor([3.0], dtype=torch.float16)}, 0.5)
+        assert acc.result({"w": torch.float16})["w"].dtype == torch.float16
+        assert acc.result({"w": torch.float16})["w"].item() == 2.0
+
+    @pytest.mark.parametrize("bad", [[], [0, 0]])
+    def test_bad_weights(self, bad):
+        with pytest.raises(ValueError):
+            aggregation_weights(bad)
+
+    def test_unknown_scheme(self):
+        with pytest.raises(ValueError, match="uniform"):
+            aggregation_weights([1], "median")
+
+
+def test_round_is_average_of_clients(tmp_path):
+    """After one round with every client, the global weights equal the sample-weighted mean of the local models."""
+    local = {}
+
+    class Spy(L.Callback):
+        """Placed before Federation, so it sees each client's weights before they are averaged."""
+
+        def __init__(self, fed):
+            self.fed = fed
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            fed = self.fed
+            if batch_idx == fed._starts[fed._slot + 1] - 1:
+                local[fed._plan.clients[fed._slot]] = {k: v.clone() for k, v in pl_module.state_dict().items()}
+
+    dm = FederatedDataModule("digits", num_clients=3, partition="iid", batch_size=64)
+    model = FedAvg(net="lenet", num_classes=10, in_channels=1, image_size=8, lr=0.05)
+    fed = Federation(rounds=1)
+    trainer = L.Trainer(
+        accelerator="cpu", callbacks=[Spy(fed), fed], logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path), max_epochs=1,
+    )
+    trainer.fit(model, datamodule=dm)
+    expected = weighted_average([local[c] for c in range(3)], aggregation_weights(dm.client_sizes))
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value, expected[name].to(value.dtype))
+    assert not torch.equal(local[0]["net.classifier.weight"], local[1]["net.classifier.weight"])
+
+
+def test_digits_federation_learns_and_writes_results(tmp_path):
+    trainer, fed, _ = tiny_run(tmp_path, rounds=6)
+    rows = read_metrics(tmp_path)
+    assert [int(r["round"]) for r in rows] == list(range(1, 7))
+    accs = [float(r["global_acc"]) for r in rows]
+    assert accs[-1] > 0.7, accs
+    assert accs[-1] > accs[0]
+    for key in ("global_loss", "lr", "round_seconds", "acc_class_0", "acc_class_9", "forgetting"):
+        assert key in rows[0]
+    summary = read_summary(tmp_path)
+    assert summary["status"] == "completed"
+    assert summary["method"] == "fedavg" and summary["dataset"] == "digits"
+    assert summary["best_acc"] == pytest.approx(max(accs))
+    assert summary["final_acc"] == pytest.approx(accs[-1])
+    assert summary["rounds"] == 6 and summary["num_clients"] == 5
+    for name in ("partition.csv", "partition.png", "curve.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    # one fit for the whole federation: the trainer ran exactly `rounds` epochs
+    assert trainer.current_epoch == 6
+
+
+def test_sampling_and_lr_decay(tmp_path):
+    _, fed, _ = tiny_run(
+        tmp_path, rounds=3, data_kwargs={"num_clients": 8}, fed_kwargs={"sample_ratio": 0.25, "lr_decay": 0.5}
+    )
+    rows = read_metrics(tmp_path)
+    assert [int(r["clients"]) for r in rows] == [2, 2, 2]
+    assert [float(r["lr"]) for r in rows] == pytest.approx([0.05, 0.025, 0.0125])
+    plans = [fed.plan(r).clients for r in range(3)]
+    assert all(len(set(p)) == 2 for p in plans)
+    assert len(set(plans)) > 1  # different clients in different rounds
+
+
+def test_same_seed_same_result(tmp_path):
+    tiny_run(tmp_path / "a", rounds=2)
+    tiny_run(tmp_path / "b", rounds=2)
+    assert read_metrics(tmp_path / "a")[-1]["global_acc"] == read_metrics(tmp_path / "b")[-1]["global_acc"]
+
+
+class _InterruptAt(L.Callback):
+    """Raises KeyboardInterrupt (what Ctrl-C does) at the start of a round, after the previous round's checkpoint."""
+
+    def __init__(self, round_idx: int) -> None:
+        self.round_idx = round_idx
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        if trainer.current_epoch == self.round_idx:
+            raise KeyboardInterrupt
+
+
+def test_resume_after_interrupt_is_identical(tmp_path):
+    tiny_run(tmp_path / "full", rounds=4, fed_kwargs={"lr_decay": 0.9})
+    trainer, _, _ = tiny_run(tmp_path / "cut", rounds=4, fed_kwargs={"lr_decay": 0.9}, callbacks=[_InterruptAt(2)])
+    assert trainer.interrupted
+    assert read_summary(tmp_path / "cut")["status"] == "interrupted"
+    assert len(read_metrics(tmp_path / "cut")) == 2
+    tiny_run(tmp_path / "cut", rounds=4, fed_kwargs={"lr_decay": 0.9}, ckpt_path="last")
+    full, resumed = read_metrics(tmp_path / "full"), read_metrics(tmp_path / "cut")
+    assert len(resumed) == 4
+    for a, b in zip(full, resumed, strict=True):
+        for key in a:
+            if key not in ("round_seconds", "elapsed_seconds"):
+                assert a[key] == b[key], (key, a[key], b[key])
+    assert read_summary(tmp_path / "cut")["status"] == "completed"
+
+
+class _Exploding(FedAvg):
+    def client_loss(self, x, y):
+        loss = super().client_loss(x, y)
+        if self.client is not None and self.client.round == 1:
+            return loss * float("nan")
+        return loss
+
+
+def test_divergence_stops_with_status(tmp_path):
+    trainer, fed, model = tiny_run(tmp_path, method=_Exploding, rounds=4)
+    summary = read_summary(tmp_path)
+    assert summary["status"] == "diverged"
+    assert len(read_metrics(tmp_path)) == 1  # round 1 evaluated, round 2 diverged
+    assert trainer.current_epoch < 4
+    # the model keeps the last finite global weights
+    assert all(torch.isfinite(v).all() for v in model.state_dict().values())
+    assert not math.isnan(summary["best_acc"])
+
+
+class TestBadInput:
+    @pytest.mark.parametrize(
+        ("kwargs", "match"),
+        [
+            ({"dataset": "imagenet"}, "unknown dataset"),
+            ({"partition": "zipf"}, "unknown partition"),
+            ({"partition": "dirichlet", "alpha": 0.0}, "positive"),
+            ({"partition": "dirichlet", "alpha": -1.0}, "positive"),
+            ({"partition": "shard", "shards_per_client": 0}, "shards_per_client"),
+            ({"partition": "classes_per_client", "classes_per_client": 11}, "classes_per_client"),
+            ({"num_clients": 0}, "num_clients"),
+            ({"holdout_per_class": -1}, "holdout"),
+        ],
+    )
+    def test_datamodule(self, kwargs, match):
+        with pytest.raises(ValueError, match=match):
+            FederatedDataModule(**{"dataset": "digits", **kwargs})
+
+    def test_more_clients_than_samples(self):
+        dm = FederatedDataModule("digits", num_clients=5000, partition="iid")
+        with pytest.raises(ValueError, match="more clients"):
+            dm.setup("fit")
+
+    def test_missing_data_path(self, tmp_path):
+        dm = FederatedDataModule("cifar10", root=str(tmp_path / "nowhere"))
+        with pytest.raises(FileNotFoundError, match="nowhere"):
+            dm.setup("fit")
+
+    @pytest.mark.parametrize(
+        ("kwargs", "match"),
+        [
+            ({"rounds": 0}, "rounds"),
+            ({"sample_ratio": 0.0}, "sample_ratio"),
+            ({"sample_ratio": 1.5}, "sample_ratio"),
+            ({"local_epochs": 0}, "local_epochs"),
+            ({"aggregation": "median"}, "aggregation"),
+            ({"lr_decay": 0.0}, "lr_decay"),
+        ],
+    )
+    def test_federation(self, kwargs, match):
+        with pytest.raises(ValueError, match=match):
+            Federation(**kwargs)
+
+    def test_unknown_model(self):
+        with pytest.raises(ValueError, match="unknown model"):
+            FedAvg(net="vgg")
+
+    def test_fp16_on_cpu_refused(self, tmp_path):
+        with pytest.raises(ValueError, match="32-true"):
+            tiny_run(tmp_path, rounds=1, precision="16-mixed")
+
+    def test_needs_federation_callback(self, tmp_path):
+        trainer = L.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_progress_bar=False,
+                            default_root_dir=str(tmp_path))
+        with pytest.raises(RuntimeError, match="Federation"):
+            trainer.fit(FedAvg(net="lenet", image_size=8), datamodule=FederatedDataModule("digits"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
+def test_mixed_precision_on_gpu(tmp_path, precision):
+    dm = FederatedDataModule("digits", num_clients=3, partition="iid", batch_size=32)
+    model = FedAvg(net="lenet", image_size=8, lr=0.05)
+    fed = Federation(rounds=3, local_epochs=2)
+    trainer = L.Trainer(accelerator="gpu", devices=1, precision=precision, callbacks=[fed], logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, default_root_dir=str(tmp_path))
+    trainer.fit(model, datamodule=dm)
+    assert fed.history[-1]["global_acc"] > 0.5
