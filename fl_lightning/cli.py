@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 import lightning as L
@@ -14,6 +15,10 @@ from typing_extensions import override
 from fl_lightning.data import FederatedDataModule
 from fl_lightning.federation import Federation
 from fl_lightning.module import FedAvg
+
+
+# Lightning 2.6 calls a torch pytree API that torch 2.14 deprecates, once per epoch: noise for a CLI user.
+warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
 
 
 class RunConfigSaver(SaveConfigCallback):
@@ -69,11 +74,20 @@ class FLCLI(LightningCLI):
         # Mixed precision on a GPU, plain float32 on the CPU, unless --trainer.precision says otherwise.
         config = self.config[self.subcommand] if self.subcommand else self.config
         trainer = config.get("trainer")
-        if trainer is not None and trainer.get("precision") is None:
-            accelerator = str(trainer.get("accelerator") or "auto")
-            gpu = torch.cuda.is_available() and accelerator in ("auto", "gpu", "cuda")
+        if trainer is None:
+            return
+        accelerator = str(trainer.get("accelerator") or "auto")
+        gpu = torch.cuda.is_available() and accelerator in ("auto", "gpu", "cuda")
+        precision = trainer.get("precision")
+        if precision is None:
             trainer["precision"] = (
                 "bf16-mixed" if gpu and torch.cuda.is_bf16_supported() else "16-mixed" if gpu else "32-true"
+            )
+        elif str(precision) in ("16-mixed", "16", "16-true", "transformer-engine") and not gpu:
+            # Lightning would quietly switch 16-mixed to bf16-mixed on the CPU; say so instead.
+            raise ValueError(
+                f"--trainer.precision {precision} needs a CUDA GPU; on the CPU use --trainer.precision 32-true "
+                "(or bf16-mixed)"
             )
 
     @override

@@ -510,6 +510,7 @@ class Federation(Callback):
             accs = [row["global_acc"] for row in self.history]
             title = f"{pl_module.method_name} on {self.dm.dataset}, {self.dm.partition_label}"
             plot_curve(rounds, accs, self.run_dir / "curve.png", title)
+        self._send_to_loggers(trainer)
         if self.status == "completed" and self.history:
             best = max(r["global_acc"] for r in self.history)
             rank_zero_info(
@@ -518,6 +519,19 @@ class Federation(Callback):
             )
         elif self.status == "interrupted":
             rank_zero_warn(f"run interrupted; resume it with --ckpt_path last (results so far in {self.run_dir})")
+
+    def _send_to_loggers(self, trainer: L.Trainer) -> None:
+        """Final summary and figures to loggers that take them (W&B)."""
+        summary = self.summary(trainer, trainer.lightning_module) if self.dm is not None else {}
+        for logger in trainer.loggers:
+            experiment = getattr(logger, "experiment", None)
+            if hasattr(experiment, "summary") and hasattr(experiment.summary, "update"):
+                experiment.summary.update({k: v for k, v in summary.items() if v is not None})
+            if hasattr(logger, "log_image"):
+                for name in ("curve", "partition"):
+                    path = self.run_dir / f"{name}.png"
+                    if path.exists():
+                        logger.log_image(key=f"plots/{name}", images=[str(path)])
 
     # ---- checkpointing --------------------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ def tiny_run(
     precision: str = "32-true",
 ) -> tuple[L.Trainer, Federation, FedAvg]:
     """A few rounds of a small federation on digits, as a user importing the package would write it."""
+    L.seed_everything(0, verbose=False)
     data_kwargs = {"num_clients": 5, "partition": "dirichlet", "alpha": 1.0, "batch_size": 32, **(data_kwargs or {})}
     dm = FederatedDataModule("digits", **data_kwargs)
     model = method(
@@ -34,7 +35,7 @@ def tiny_run(
         lr=0.05,
         **(model_kwargs or {}),
     )
-    fed = Federation(rounds=rounds, local_epochs=1, **(fed_kwargs or {}))
+    fed = Federation(rounds=rounds, **{"local_epochs": 1, **(fed_kwargs or {})})
     trainer = L.Trainer(
         accelerator="cpu",
         max_epochs=rounds,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import signal
 
 import lightning as L
 import pytest
@@ -77,11 +78,11 @@ def test_round_is_average_of_clients(tmp_path):
 
 
 def test_digits_federation_learns_and_writes_results(tmp_path):
-    trainer, fed, _ = tiny_run(tmp_path, rounds=6)
+    trainer, fed, _ = tiny_run(tmp_path, rounds=6, fed_kwargs={"local_epochs": 4})
     rows = read_metrics(tmp_path)
     assert [int(r["round"]) for r in rows] == list(range(1, 7))
     accs = [float(r["global_acc"]) for r in rows]
-    assert accs[-1] > 0.7, accs
+    assert accs[-1] > 0.85, accs
     assert accs[-1] > accs[0]
     for key in ("global_loss", "lr", "round_seconds", "acc_class_0", "acc_class_9", "forgetting"):
         assert key in rows[0]
@@ -128,8 +129,12 @@ class _InterruptAt(L.Callback):
 
 def test_resume_after_interrupt_is_identical(tmp_path):
     tiny_run(tmp_path / "full", rounds=4, fed_kwargs={"lr_decay": 0.9})
-    trainer, _, _ = tiny_run(tmp_path / "cut", rounds=4, fed_kwargs={"lr_decay": 0.9}, callbacks=[_InterruptAt(2)])
-    assert trainer.interrupted
+    # Lightning turns Ctrl-C into a graceful shutdown and exit(1), and ignores further SIGINTs: undo that after.
+    try:
+        with pytest.raises(SystemExit):
+            tiny_run(tmp_path / "cut", rounds=4, fed_kwargs={"lr_decay": 0.9}, callbacks=[_InterruptAt(2)])
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     assert read_summary(tmp_path / "cut")["status"] == "interrupted"
     assert len(read_metrics(tmp_path / "cut")) == 2
     tiny_run(tmp_path / "cut", rounds=4, fed_kwargs={"lr_decay": 0.9}, ckpt_path="last")
@@ -208,9 +213,13 @@ class TestBadInput:
         with pytest.raises(ValueError, match="unknown model"):
             FedAvg(net="vgg")
 
+    @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only refusal")
     def test_fp16_on_cpu_refused(self, tmp_path):
+        from fl_lightning.cli import cli_main
+
         with pytest.raises(ValueError, match="32-true"):
-            tiny_run(tmp_path, rounds=1, precision="16-mixed")
+            cli_main(["fit", "--config", "configs/quickstart.yaml", "--trainer.precision", "16-mixed",
+                      "--trainer.default_root_dir", str(tmp_path)])
 
     def test_needs_federation_callback(self, tmp_path):
         trainer = L.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_progress_bar=False,
