@@ -1,6 +1,6 @@
-"""Entry point: ``python cli.py fit --config configs/quickstart.yaml``."""
+"""Entry point: ``python cli.py fit --config configs/quickstart.yaml`` or ``python cli.py compare --config ...``."""
 
-from fl_lightning.cli import cli_main
+from fl_lightning.cli import main
 
 if __name__ == "__main__":
-    cli_main()
+    main()

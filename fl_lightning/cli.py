@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from typing import Any
 
@@ -113,3 +114,17 @@ def cli_main(args: list[str] | None = None, run: bool = True) -> FLCLI:
         run=run,
         auto_configure_optimizers=False,
     )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``fit``/``validate``/``test`` go to LightningCLI; ``compare`` runs a comparison (fl_lightning.compare)."""
+    args = sys.argv[1:] if argv is None else argv
+    if args and args[0] == "compare":
+        from fl_lightning.compare import main as compare_main
+
+        sys.exit(compare_main(args[1:]))
+    cli_main(None if argv is None else args)
+
+
+if __name__ == "__main__":
+    main()
