@@ -1,0 +1,83 @@
+"""``cli.py compare``: runs each fit in its own directory, reuses finished runs, resumes interrupted ones."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers import read_metrics, read_summary
+
+from fl_lightning.cli import cli_main
+from fl_lightning.compare import CompareSpec, main, run_comparison
+
+ROOT = Path(__file__).resolve().parent.parent
+CLASSES = {"fedavg": "fl_lightning.FedAvg", "fedntd": "fl_lightning.methods.FedNTD"}
+
+
+@pytest.fixture
+def spec_file(tmp_path):
+    base = yaml.safe_load((ROOT / "configs/quickstart.yaml").read_text())
+    base["data"]["num_clients"] = 4
+    base["federation"].update({"rounds": 2, "local_epochs": 1})
+    for method, class_path in CLASSES.items():
+        cfg = {**base, "model": {"class_path": class_path, "init_args": base["model"]["init_args"]}}
+        (tmp_path / f"{method}.yaml").write_text(yaml.safe_dump(cfg))
+    spec = {
+        "name": "tiny",
+        "output_dir": str(tmp_path / "out"),
+        "methods": list(CLASSES),
+        "seeds": [0],
+        "settings": {"digits": str(tmp_path / "{method}.yaml")},
+        "jobs": 2,
+    }
+    path = tmp_path / "compare.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+@pytest.mark.slow
+def test_compare_runs_reuses_and_resumes(spec_file, tmp_path, capsys):
+    spec = CompareSpec.from_yaml(spec_file)
+    # an interrupted fedntd run: one of its two rounds done, with a checkpoint
+    ntd_dir = spec.output_dir / "digits" / "fedntd" / "seed0"
+    cli_main(["fit", "--config", str(tmp_path / "fedntd.yaml"), "--federation.rounds", "1",
+              "--trainer.default_root_dir", str(ntd_dir), "--trainer.enable_progress_bar", "false"])
+    first_round = read_metrics(ntd_dir)[0]
+    summary = read_summary(ntd_dir)
+    summary["status"] = "interrupted"
+    (ntd_dir / "summary.json").write_text(json.dumps(summary))
+    assert [r.state() for r in spec.runs()] == ["new", "partial"]
+
+    report = run_comparison(spec)
+    out = capsys.readouterr().out
+    assert "2 to run" in out
+    assert [r.state() for r in spec.runs()] == ["done", "done"]
+    resumed = read_metrics(ntd_dir)
+    assert len(resumed) == 2 and resumed[0]["global_acc"] == first_round["global_acc"]
+    assert "Restored all states from the checkpoint" in (ntd_dir / "stdout.log").read_text()
+    md = (report / "results.md").read_text()
+    assert "fedavg" in md and "fedntd" in md
+    assert (report / "curves_digits.png").stat().st_size > 0
+
+    # a second call reuses everything
+    assert main(["--config", str(spec_file)]) == 0
+    assert "0 to run" in capsys.readouterr().out
+
+
+def test_spec_validation(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({"methods": ["fedavg"], "settings": {"x": str(tmp_path / "{method}.yaml")}}))
+    with pytest.raises(FileNotFoundError, match="no config"):
+        CompareSpec.from_yaml(path)
+    path.write_text(yaml.safe_dump({"methods": ["fedavg"]}))
+    with pytest.raises(ValueError, match="settings"):
+        CompareSpec.from_yaml(path)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs/compare").glob("*.yaml")), ids=lambda p: p.stem)
+def test_shipped_comparisons_parse(path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    spec = CompareSpec.from_yaml(path)
+    assert spec.runs() and spec.baseline == spec.methods[0]
