@@ -17,7 +17,6 @@ from fl_lightning.data import FederatedDataModule
 from fl_lightning.federation import Federation
 from fl_lightning.module import FedAvg
 
-
 # Lightning 2.6 calls a torch pytree API that torch 2.14 deprecates, once per epoch: noise for a CLI user.
 warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
 

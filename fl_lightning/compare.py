@@ -80,8 +80,13 @@ class CompareSpec:
     def runs(self) -> list[Run]:
         """Every run of the comparison, in a stable order."""
         return [
-            Run(setting, method, seed, Path(template.format(method=method, setting=setting)),
-                self.output_dir / setting / method / f"seed{seed}")
+            Run(
+                setting,
+                method,
+                seed,
+                Path(template.format(method=method, setting=setting)),
+                self.output_dir / setting / method / f"seed{seed}",
+            )
             for setting, template in self.settings.items()
             for method in self.methods
             for seed in self.seeds
@@ -112,22 +117,36 @@ class Run:
 
 def _command(spec: CompareSpec, run: Run, resume: bool) -> list[str]:
     cmd = [
-        sys.executable, "-m", "fl_lightning.cli", "fit",
-        "--config", str(run.config),
-        "--seed_everything", str(run.seed),
-        "--trainer.default_root_dir", str(run.run_dir),
-        "--trainer.enable_progress_bar", "false",
+        sys.executable,
+        "-m",
+        "fl_lightning.cli",
+        "fit",
+        "--config",
+        str(run.config),
+        "--seed_everything",
+        str(run.seed),
+        "--trainer.default_root_dir",
+        str(run.run_dir),
+        "--trainer.enable_progress_bar",
+        "false",
         *spec.overrides,
     ]
     if spec.wandb:
         cmd += [
-            "--trainer.logger", "WandbLogger",
-            "--trainer.logger.offline", "true",
-            "--trainer.logger.project", "fl_lightning",
-            "--trainer.logger.group", spec.name,
-            "--trainer.logger.name", f"{run.setting}/{run.method}/seed{run.seed}",
-            "--trainer.logger.tags", json.dumps([run.method, f"seed{run.seed}", run.setting]),
-            "--trainer.logger.save_dir", str(run.run_dir),
+            "--trainer.logger",
+            "WandbLogger",
+            "--trainer.logger.offline",
+            "true",
+            "--trainer.logger.project",
+            "fl_lightning",
+            "--trainer.logger.group",
+            spec.name,
+            "--trainer.logger.name",
+            f"{run.setting}/{run.method}/seed{run.seed}",
+            "--trainer.logger.tags",
+            json.dumps([run.method, f"seed{run.seed}", run.setting]),
+            "--trainer.logger.save_dir",
+            str(run.run_dir),
         ]
     if resume:
         cmd += ["--ckpt_path", "last"]
@@ -138,8 +157,11 @@ def run_comparison(spec: CompareSpec, dry_run: bool = False) -> Path:
     """Run what is missing, then write the report; returns the report's folder."""
     runs = spec.runs()
     todo = [r for r in runs if r.state() != "done"]
-    print(f"[compare] {spec.name}: {len(runs)} runs, {len(runs) - len(todo)} already done, {len(todo)} to run "
-          f"({spec.jobs} at a time); output in {spec.output_dir}", flush=True)
+    print(
+        f"[compare] {spec.name}: {len(runs)} runs, {len(runs) - len(todo)} already done, {len(todo)} to run "
+        f"({spec.jobs} at a time); output in {spec.output_dir}",
+        flush=True,
+    )
     threads = max(1, (os.cpu_count() or 1) // spec.jobs)
     started = time.time()
     finished = 0
@@ -160,14 +182,23 @@ def run_comparison(spec: CompareSpec, dry_run: bool = False) -> Path:
     with ThreadPoolExecutor(max_workers=spec.jobs) as pool:
         for run, code in pool.map(execute, todo):
             finished += 1
-            state = "failed" if code else json.loads((run.run_dir / "summary.json").read_text())["status"] \
-                if (run.run_dir / "summary.json").exists() else "no summary"
-            print(f"[compare] {finished}/{len(todo)} {run.setting}/{run.method}/seed{run.seed}: {state} "
-                  f"({time.time() - started:.0f}s elapsed)", flush=True)
+            state = (
+                "failed"
+                if code
+                else json.loads((run.run_dir / "summary.json").read_text())["status"]
+                if (run.run_dir / "summary.json").exists()
+                else "no summary"
+            )
+            print(
+                f"[compare] {finished}/{len(todo)} {run.setting}/{run.method}/seed{run.seed}: {state} "
+                f"({time.time() - started:.0f}s elapsed)",
+                flush=True,
+            )
             if code:
                 failures.append(run)
-    report_dir = write_report(spec.name, spec.output_dir, [(r.setting, r.method, r.seed, r.run_dir) for r in runs],
-                              spec.baseline)
+    report_dir = write_report(
+        spec.name, spec.output_dir, [(r.setting, r.method, r.seed, r.run_dir) for r in runs], spec.baseline
+    )
     if failures:
         names = ", ".join(f"{r.setting}/{r.method}/seed{r.seed}" for r in failures)
         print(f"[compare] {len(failures)} run(s) failed: {names}; see their stdout.log, then run again to retry")
@@ -187,4 +218,3 @@ def main(argv: list[str] | None = None) -> int:
     out = run_comparison(spec, dry_run=args.dry_run)
     print(f"[compare] report: {out / 'results.md'}")
     return 0
-

@@ -25,7 +25,7 @@ def _kl_rows(p: Tensor, log_p: Tensor, log_q: Tensor) -> Tensor:
 
 
 def _masked_log_softmax(logits: Tensor, keep: Tensor) -> Tensor:
-    """log softmax over the entries where ``keep`` is True (rows of ``keep`` may be all False: then all zeros)."""
+    """Log softmax over the entries where ``keep`` is True (rows of ``keep`` may be all False: then all zeros)."""
     very_negative = torch.finfo(logits.dtype).min / 4
     masked = logits.masked_fill(~keep, very_negative)
     out = masked - torch.logsumexp(masked, dim=1, keepdim=True)
@@ -239,7 +239,7 @@ def prox_term(params: Sequence[Tensor], global_params: Sequence[Tensor]) -> Tens
 
 
 def moon_loss(h: Tensor, h_global: Tensor, h_prev: Tensor, tau: float = 0.5) -> Tensor:
-    """MOON's model-contrastive loss (Li et al., CVPR 2021), batch mean, cosine similarity:
+    """MOON's model-contrastive loss (Li et al., CVPR 2021), batch mean, with cosine similarity sim.
 
     ℓ = −log( e^{sim(h, h_g)/τ} / (e^{sim(h, h_g)/τ} + e^{sim(h, h_prev)/τ}) ).
     """

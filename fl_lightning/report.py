@@ -79,55 +79,95 @@ def summarize(runs: Sequence[RunRef], baseline: str) -> list[dict[str, Any]]:
             reach.append(hit)
         base_reach = []
         for r in base_done:
-            hit = rounds_to_target([int(x["round"]) for x in r["rows"]], [x["global_acc"] for x in r["rows"]],
-                                   target or 0.0)
+            hit = rounds_to_target(
+                [int(x["round"]) for x in r["rows"]], [x["global_acc"] for x in r["rows"]], target or 0.0
+            )
             base_reach.append(hit)
         reached = [h for h in reach if h is not None]
         mean_rounds = float(np.mean(reached)) if reached and len(reached) == len(reach) else None
         base_rounds = float(np.mean([h for h in base_reach if h is not None])) if base_reach else None
-        out.append({
-            "setting": setting,
-            "method": method,
-            "seeds": len(results),
-            "completed": len(done),
-            "status": "diverged" if "diverged" in statuses else ",".join(statuses),
-            "final_acc": [r["summary"]["final_acc"] for r in done],
-            "best_acc": [r["summary"]["best_acc"] for r in done],
-            "last10_acc": [r["summary"].get("last10_mean_acc") for r in done if r["summary"].get("last10_mean_acc")],
-            "forgetting": [r["summary"]["forgetting"] for r in done],
-            "wall_seconds": [r["summary"]["wall_seconds"] for r in done],
-            "target": target,
-            "rounds_to_target": mean_rounds,
-            "speedup": (base_rounds / mean_rounds) if (mean_rounds and base_rounds) else None,
-        })
+        out.append(
+            {
+                "setting": setting,
+                "method": method,
+                "seeds": len(results),
+                "completed": len(done),
+                "status": "diverged" if "diverged" in statuses else ",".join(statuses),
+                "final_acc": [r["summary"]["final_acc"] for r in done],
+                "best_acc": [r["summary"]["best_acc"] for r in done],
+                "last10_acc": [
+                    r["summary"].get("last10_mean_acc") for r in done if r["summary"].get("last10_mean_acc")
+                ],
+                "forgetting": [r["summary"]["forgetting"] for r in done],
+                "wall_seconds": [r["summary"]["wall_seconds"] for r in done],
+                "target": target,
+                "rounds_to_target": mean_rounds,
+                "speedup": (base_rounds / mean_rounds) if (mean_rounds and base_rounds) else None,
+            }
+        )
     return out
 
 
 def _table_rows(summary: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
-    header = ["setting", "method", "final acc (%)", "best acc (%)", "last-10 acc (%)", "forgetting F",
-              "rounds to target", "speedup", "wall (s)", "status"]
+    header = [
+        "setting",
+        "method",
+        "final acc (%)",
+        "best acc (%)",
+        "last-10 acc (%)",
+        "forgetting F",
+        "rounds to target",
+        "speedup",
+        "wall (s)",
+        "status",
+    ]
     rows = []
     for s in summary:
         if s["status"] == "diverged" or not s["completed"]:
-            rows.append([s["setting"], s["method"], "diverged" if s["status"] == "diverged" else s["status"],
-                         "", "", "", "", "", "", s["status"]])
+            rows.append(
+                [
+                    s["setting"],
+                    s["method"],
+                    "diverged" if s["status"] == "diverged" else s["status"],
+                    "",
+                    "",
+                    "",
+                    "",
+                    "",
+                    "",
+                    s["status"],
+                ]
+            )
             continue
-        rows.append([
-            s["setting"], s["method"], fmt(s["final_acc"]), fmt(s["best_acc"]), fmt(s["last10_acc"]),
-            fmt(s["forgetting"], scale=1.0, digits=4),
-            "–" if s["rounds_to_target"] is None else f"{s['rounds_to_target']:.0f}",
-            "–" if s["speedup"] is None else f"{s['speedup']:.2f}x",
-            f"{np.mean(s['wall_seconds']):.0f}", s["status"],
-        ])
+        rows.append(
+            [
+                s["setting"],
+                s["method"],
+                fmt(s["final_acc"]),
+                fmt(s["best_acc"]),
+                fmt(s["last10_acc"]),
+                fmt(s["forgetting"], scale=1.0, digits=4),
+                "–" if s["rounds_to_target"] is None else f"{s['rounds_to_target']:.0f}",
+                "–" if s["speedup"] is None else f"{s['speedup']:.2f}x",
+                f"{np.mean(s['wall_seconds']):.0f}",
+                s["status"],
+            ]
+        )
     return header, rows
 
 
 def write_tables(summary: list[dict[str, Any]], out_dir: Path, title: str) -> tuple[Path, Path]:
     """``results.md`` and ``results.csv``."""
     header, rows = _table_rows(summary)
-    md = [f"# {title}", "", "Mean ± std over seeds. Target: the baseline's mean final accuracy in the same setting; "
-          "speedup = baseline's rounds to target / the method's.", "",
-          "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    md = [
+        f"# {title}",
+        "",
+        "Mean ± std over seeds. Target: the baseline's mean final accuracy in the same setting; "
+        "speedup = baseline's rounds to target / the method's.",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
     md += ["| " + " | ".join(r) + " |" for r in rows]
     (out_dir / "results.md").write_text("\n".join(md) + "\n")
     with open(out_dir / "results.csv", "w", newline="") as f:
@@ -172,8 +212,15 @@ def plot_class_heatmap(run_dir: Path, path: Path, title: str) -> Path | None:
     keys = sorted((k for k in data["rows"][0] if k.startswith("acc_class_")), key=lambda k: int(k[10:]))
     grid = np.array([[row[k] for row in data["rows"]] for k in keys])
     fig, ax = plt.subplots(figsize=(7, 0.3 * len(keys) + 1.5))
-    im = ax.imshow(grid, aspect="auto", cmap="magma", vmin=0, vmax=1, interpolation="nearest",
-                   extent=(data["rows"][0]["round"] - 0.5, data["rows"][-1]["round"] + 0.5, len(keys) - 0.5, -0.5))
+    im = ax.imshow(
+        grid,
+        aspect="auto",
+        cmap="magma",
+        vmin=0,
+        vmax=1,
+        interpolation="nearest",
+        extent=(data["rows"][0]["round"] - 0.5, data["rows"][-1]["round"] + 0.5, len(keys) - 0.5, -0.5),
+    )
     ax.set_xlabel("round")
     ax.set_ylabel("class")
     ax.set_title(title)
@@ -196,8 +243,11 @@ def write_report(name: str, output_dir: Path, runs: Sequence[RunRef], baseline: 
         for s, method, seed, run_dir in runs:
             if s != setting or method in seen:
                 continue
-            if plot_class_heatmap(run_dir, out / f"class_acc_{setting}_{method}.png",
-                                  f"{method}, {setting}, seed {seed}: class-wise accuracy"):
+            if plot_class_heatmap(
+                run_dir,
+                out / f"class_acc_{setting}_{method}.png",
+                f"{method}, {setting}, seed {seed}: class-wise accuracy",
+            ):
                 seen.add(method)
             part = run_dir / "partition.png"
             if part.exists() and not (out / f"partition_{setting}.png").exists():

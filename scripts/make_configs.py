@@ -187,6 +187,7 @@ def all_configs() -> dict[str, str]:
 
 
 def main() -> int:
+    """Write every config."""
     CONFIGS.mkdir(exist_ok=True)
     for name, text in all_configs().items():
         (CONFIGS / name).write_text(text)

@@ -42,8 +42,19 @@ def test_compare_runs_reuses_and_resumes(spec_file, tmp_path, capsys):
     spec = CompareSpec.from_yaml(spec_file)
     # an interrupted fedntd run: one of its two rounds done, with a checkpoint
     ntd_dir = spec.output_dir / "digits" / "fedntd" / "seed0"
-    cli_main(["fit", "--config", str(tmp_path / "fedntd.yaml"), "--federation.rounds", "1",
-              "--trainer.default_root_dir", str(ntd_dir), "--trainer.enable_progress_bar", "false"])
+    cli_main(
+        [
+            "fit",
+            "--config",
+            str(tmp_path / "fedntd.yaml"),
+            "--federation.rounds",
+            "1",
+            "--trainer.default_root_dir",
+            str(ntd_dir),
+            "--trainer.enable_progress_bar",
+            "false",
+        ]
+    )
     first_round = read_metrics(ntd_dir)[0]
     summary = read_summary(ntd_dir)
     summary["status"] = "interrupted"

@@ -60,11 +60,17 @@ def _tiny_overrides(config: Path, data_root: Path, run_dir: Path) -> list[str]:
     cfg = yaml.safe_load(config.read_text())
     data = cfg["data"]
     args = [
-        "fit", "--config", str(config),
-        "--trainer.default_root_dir", str(run_dir),
-        "--trainer.enable_progress_bar", "false",
-        "--federation.rounds", "1",
-        "--federation.local_epochs", "1",
+        "fit",
+        "--config",
+        str(config),
+        "--trainer.default_root_dir",
+        str(run_dir),
+        "--trainer.enable_progress_bar",
+        "false",
+        "--federation.rounds",
+        "1",
+        "--federation.local_epochs",
+        "1",
     ]
     if data["dataset"] != "digits":
         args += ["--data.root", str(data_root)]
@@ -111,18 +117,41 @@ def test_issue_config_names_exist():
 def test_quickstart_learns(tmp_path):
     """The README's main job, shortened: a few rounds already learn digits."""
     run_dir = tmp_path / "qs"
-    cli_main(["fit", "--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(run_dir),
-              "--trainer.enable_progress_bar", "false", "--federation.rounds", "5"])
+    cli_main(
+        [
+            "fit",
+            "--config",
+            str(ROOT / "configs/quickstart.yaml"),
+            "--trainer.default_root_dir",
+            str(run_dir),
+            "--trainer.enable_progress_bar",
+            "false",
+            "--federation.rounds",
+            "5",
+        ]
+    )
     assert read_summary(run_dir)["final_acc"] > 0.8
 
 
 def test_cli_resume_continues_identically(tmp_path):
-    base = ["fit", "--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.enable_progress_bar", "false",
-            "--federation.local_epochs", "1", "--data.num_clients", "4", "--federation.lr_decay", "0.9"]
+    base = [
+        "fit",
+        "--config",
+        str(ROOT / "configs/quickstart.yaml"),
+        "--trainer.enable_progress_bar",
+        "false",
+        "--federation.local_epochs",
+        "1",
+        "--data.num_clients",
+        "4",
+        "--federation.lr_decay",
+        "0.9",
+    ]
     cli_main([*base, "--trainer.default_root_dir", str(tmp_path / "full"), "--federation.rounds", "3"])
     cli_main([*base, "--trainer.default_root_dir", str(tmp_path / "cut"), "--federation.rounds", "2"])
-    cli_main([*base, "--trainer.default_root_dir", str(tmp_path / "cut"), "--federation.rounds", "3",
-              "--ckpt_path", "last"])
+    cli_main(
+        [*base, "--trainer.default_root_dir", str(tmp_path / "cut"), "--federation.rounds", "3", "--ckpt_path", "last"]
+    )
     full, cut = read_metrics(tmp_path / "full"), read_metrics(tmp_path / "cut")
     assert [r["global_acc"] for r in full] == [r["global_acc"] for r in cut]
     assert [r["global_loss"] for r in full] == [r["global_loss"] for r in cut]
@@ -132,13 +161,30 @@ def test_cli_help_documents_options(capsys):
     with pytest.raises(SystemExit):
         cli_main(["fit", "--help"])
     out = capsys.readouterr().out
-    for option in ("--federation.rounds", "--federation.sample_ratio", "--data.partition", "--data.alpha",
-                   "--data.num_clients", "--seed_everything", "--trainer.precision", "--trainer.logger"):
+    for option in (
+        "--federation.rounds",
+        "--federation.sample_ratio",
+        "--data.partition",
+        "--data.alpha",
+        "--data.num_clients",
+        "--seed_everything",
+        "--trainer.precision",
+        "--trainer.logger",
+    ):
         assert option in out
     assert "Dirichlet concentration" in out
 
 
 def test_cli_rejects_bad_input(tmp_path):
     with pytest.raises((ValueError, SystemExit)):
-        cli_main(["fit", "--config", str(ROOT / "configs/quickstart.yaml"), "--data.alpha", "0",
-                  "--trainer.default_root_dir", str(tmp_path)])
+        cli_main(
+            [
+                "fit",
+                "--config",
+                str(ROOT / "configs/quickstart.yaml"),
+                "--data.alpha",
+                "0",
+                "--trainer.default_root_dir",
+                str(tmp_path),
+            ]
+        )

@@ -28,7 +28,9 @@ class TestAggregation:
 
     def test_uniform_weights(self):
         assert aggregation_weights([10, 30, 60], "uniform") == pytest.approx([1 / 3] * 3)
-        out = weighted_average([{"w": torch.tensor(0.0)}, {"w": torch.tensor(3.0)}], aggregation_weights([1, 9], "uniform"))
+        out = weighted_average(
+            [{"w": torch.tensor(0.0)}, {"w": torch.tensor(3.0)}], aggregation_weights([1, 9], "uniform")
+        )
         assert out["w"].item() == pytest.approx(1.5)
 
     def test_accumulator_restores_dtype(self):
@@ -67,8 +69,14 @@ def test_round_is_average_of_clients(tmp_path):
     model = FedAvg(net="lenet", num_classes=10, in_channels=1, image_size=8, lr=0.05)
     fed = Federation(rounds=1)
     trainer = L.Trainer(
-        accelerator="cpu", callbacks=[Spy(fed), fed], logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path), max_epochs=1,
+        accelerator="cpu",
+        callbacks=[Spy(fed), fed],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+        max_epochs=1,
     )
     trainer.fit(model, datamodule=dm)
     expected = weighted_average([local[c] for c in range(3)], aggregation_weights(dm.client_sizes))
@@ -218,12 +226,22 @@ class TestBadInput:
         from fl_lightning.cli import cli_main
 
         with pytest.raises(ValueError, match="32-true"):
-            cli_main(["fit", "--config", "configs/quickstart.yaml", "--trainer.precision", "16-mixed",
-                      "--trainer.default_root_dir", str(tmp_path)])
+            cli_main(
+                [
+                    "fit",
+                    "--config",
+                    "configs/quickstart.yaml",
+                    "--trainer.precision",
+                    "16-mixed",
+                    "--trainer.default_root_dir",
+                    str(tmp_path),
+                ]
+            )
 
     def test_needs_federation_callback(self, tmp_path):
-        trainer = L.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_progress_bar=False,
-                            default_root_dir=str(tmp_path))
+        trainer = L.Trainer(
+            accelerator="cpu", max_epochs=1, logger=False, enable_progress_bar=False, default_root_dir=str(tmp_path)
+        )
         with pytest.raises(RuntimeError, match="Federation"):
             trainer.fit(FedAvg(net="lenet", image_size=8), datamodule=FederatedDataModule("digits"))
 
@@ -234,7 +252,15 @@ def test_mixed_precision_on_gpu(tmp_path, precision):
     dm = FederatedDataModule("digits", num_clients=3, partition="iid", batch_size=32)
     model = FedAvg(net="lenet", image_size=8, lr=0.05)
     fed = Federation(rounds=3, local_epochs=2)
-    trainer = L.Trainer(accelerator="gpu", devices=1, precision=precision, callbacks=[fed], logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, default_root_dir=str(tmp_path))
+    trainer = L.Trainer(
+        accelerator="gpu",
+        devices=1,
+        precision=precision,
+        callbacks=[fed],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        default_root_dir=str(tmp_path),
+    )
     trainer.fit(model, datamodule=dm)
     assert fed.history[-1]["global_acc"] > 0.5

@@ -111,7 +111,9 @@ class TestLMD:
     def test_finite_when_y_is_minority(self):
         # y = 1 is a minority label (not in the majority set): the teacher must not put mass on it
         z = torch.tensor([[0.0, -50.0, 1.0, 2.0]])
-        out = L.lmd_loss(z, torch.tensor([[0.0, 30.0, 1.0, 0.0]]), torch.tensor([1]), torch.tensor([True] + [False] * 3))
+        out = L.lmd_loss(
+            z, torch.tensor([[0.0, 30.0, 1.0, 0.0]]), torch.tensor([1]), torch.tensor([True] + [False] * 3)
+        )
         assert torch.isfinite(out)
 
     def test_zero_when_every_other_class_is_majority(self):
@@ -150,8 +152,16 @@ class TestSSD:
 
     def test_weights_direct_and_bounds(self, batch):
         _, zg, y = batch
-        a = torch.tensor([[0.9, 0.05, 0.05, 0, 0], [0.1, 0.8, 0.1, 0, 0], [0, 0, 1, 0, 0],
-                          [0, 0, 0, 0.95, 0.05], [0, 0, 0, 0.3, 0.7]], dtype=torch.float32)
+        a = torch.tensor(
+            [
+                [0.9, 0.05, 0.05, 0, 0],
+                [0.1, 0.8, 0.1, 0, 0],
+                [0, 0, 1, 0, 0],
+                [0, 0, 0, 0.95, 0.05],
+                [0, 0, 0, 0.3, 0.7],
+            ],
+            dtype=torch.float32,
+        )
         m = L.ssd_weights(zg, y, a, m_max=0.01)
         for i in range(len(y)):
             p = _softmax(zg[i].numpy())

@@ -17,8 +17,14 @@ def _model_kwargs(name):
 
 @pytest.mark.parametrize("name", sorted(METHODS))
 def test_method_learns(tmp_path, name):
-    _, fed, model = tiny_run(tmp_path, method=METHODS[name], rounds=4, data_kwargs=DATA,
-                             fed_kwargs={"local_epochs": 3}, model_kwargs=_model_kwargs(name))
+    _, fed, model = tiny_run(
+        tmp_path,
+        method=METHODS[name],
+        rounds=4,
+        data_kwargs=DATA,
+        fed_kwargs={"local_epochs": 3},
+        model_kwargs=_model_kwargs(name),
+    )
     accs = [row["global_acc"] for row in fed.history]
     assert fed.status == "completed"
     assert accs[-1] > 0.6, accs
@@ -85,9 +91,13 @@ def test_ka_anchor_set(tmp_path):
 
     from fl_lightning.losses import ka_class_groups as torch_groups
 
-    tiny_run(tmp_path, method=Spy, rounds=2, data_kwargs={"holdout_per_class": 1, "partition": "dirichlet",
-                                                          "alpha": 0.1, "min_client_size": 5},
-             model_kwargs={"mu": 3})
+    tiny_run(
+        tmp_path,
+        method=Spy,
+        rounds=2,
+        data_kwargs={"holdout_per_class": 1, "partition": "dirichlet", "alpha": 0.1, "min_client_size": 5},
+        model_kwargs={"mu": 3},
+    )
     assert anchors
     for size, wanted in anchors:
         assert size == min(3, wanted)

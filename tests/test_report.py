@@ -46,8 +46,14 @@ def _fake_run(path, accs, status="completed", num_classes=2):
         writer.writeheader()
         for r, a in enumerate(accs, 1):
             writer.writerow({"round": r, "global_acc": a, **{f"acc_class_{c}": a for c in range(num_classes)}})
-    summary = {"status": status, "final_acc": accs[-1], "best_acc": max(accs), "forgetting": 0.01,
-               "wall_seconds": 10.0, "last10_mean_acc": sum(accs[-10:]) / len(accs[-10:])}
+    summary = {
+        "status": status,
+        "final_acc": accs[-1],
+        "best_acc": max(accs),
+        "forgetting": 0.01,
+        "wall_seconds": 10.0,
+        "last10_mean_acc": sum(accs[-10:]) / len(accs[-10:]),
+    }
     (path / "summary.json").write_text(json.dumps(summary))
 
 

@@ -41,13 +41,33 @@ def test_wandb_offline_run(tmp_path, monkeypatch):
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    cli_main([
-        "fit", "--config", "configs/quickstart.yaml", "--federation.rounds", "3", "--federation.local_epochs", "2",
-        "--trainer.default_root_dir", str(tmp_path), "--trainer.enable_progress_bar", "false",
-        "--trainer.logger", "WandbLogger", "--trainer.logger.offline", "true",
-        "--trainer.logger.save_dir", str(tmp_path), "--trainer.logger.project", "fl_lightning_test",
-        "--trainer.logger.group", "unit", "--trainer.logger.tags", '["fedavg", "seed0"]',
-    ])
+    cli_main(
+        [
+            "fit",
+            "--config",
+            "configs/quickstart.yaml",
+            "--federation.rounds",
+            "3",
+            "--federation.local_epochs",
+            "2",
+            "--trainer.default_root_dir",
+            str(tmp_path),
+            "--trainer.enable_progress_bar",
+            "false",
+            "--trainer.logger",
+            "WandbLogger",
+            "--trainer.logger.offline",
+            "true",
+            "--trainer.logger.save_dir",
+            str(tmp_path),
+            "--trainer.logger.project",
+            "fl_lightning_test",
+            "--trainer.logger.group",
+            "unit",
+            "--trainer.logger.tags",
+            '["fedavg", "seed0"]',
+        ]
+    )
     wandb.finish()  # flush the run's records, as a finished process does
     run_dirs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(run_dirs) == 1
@@ -55,8 +75,9 @@ def test_wandb_offline_run(tmp_path, monkeypatch):
     for record in _records(next(run_dirs[0].glob("run-*.wandb"))):
         kind = record.WhichOneof("record_type")
         if kind == "history":
-            history.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                            for item in record.history.item})
+            history.append(
+                {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+            )
         elif kind == "config":
             config.update({item.key or "/".join(item.nested_key): item.value_json for item in record.config.update})
         elif kind == "summary":
