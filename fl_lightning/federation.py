@@ -28,7 +28,7 @@ from typing_extensions import override
 from fl_lightning.aggregation import StateAccumulator, aggregation_weights
 from fl_lightning.context import ClientContext, ServerContext
 from fl_lightning.data import FederatedDataModule, RoundPlan, _round_seed, client_steps
-from fl_lightning.metrics import forgetting
+from fl_lightning.metrics import forgetting, forgetting_degree
 from fl_lightning.module import FedAvg
 from fl_lightning.plots import plot_curve, plot_partition
 
@@ -49,6 +49,8 @@ class Federation(Callback):
         server_momentum: server momentum β_s (FedAvgM; 0 disables).
         seed: seed of client sampling, local shuffling and augmentation.
         plots: write the learning-curve and partition PNGs into the run directory.
+        eval_local: also evaluate every updated local model on the test set (costs one test pass per client) and
+            report their mean accuracy AccL (FedSSD §3.1) and FedKA's class-wise forgetting degree (§3.1).
     """
 
     def __init__(
@@ -63,6 +65,7 @@ class Federation(Callback):
         server_momentum: float = 0.0,
         seed: int = 0,
         plots: bool = True,
+        eval_local: bool = False,
     ) -> None:
         if rounds < 1:
             raise ValueError(f"rounds must be at least 1, got {rounds}")
@@ -88,6 +91,7 @@ class Federation(Callback):
         self.server_momentum = server_momentum
         self.seed = seed
         self.plots = plots
+        self.eval_local = eval_local
 
         # persistent state (checkpointed)
         self.history: list[dict[str, float]] = []
@@ -113,6 +117,8 @@ class Federation(Callback):
         self._ctx: ClientContext | None = None
         self._loss_sum: Tensor | None = None
         self._losses: list[Tensor] = []
+        self._local_evals: list[tuple[float, np.ndarray]] = []
+        self._received_class_acc = np.zeros(0)
         self._diverged = ""
         self._round_start = 0.0
 
@@ -238,6 +244,8 @@ class Federation(Callback):
             device=pl_module.device,
         )
         self._payload = pl_module.on_round_start(server)
+        if self.eval_local:
+            self._received_class_acc = self.evaluate(pl_module, trainer)[2]
         pl_module.train()
 
     def _transform(self, x: Tensor, train: bool) -> Tensor:
@@ -302,6 +310,9 @@ class Federation(Callback):
             return
         self._losses.append(mean_loss)
         self._acc.add(state, self._weights[self._slot])
+        if self.eval_local:
+            _, local_acc, local_class_acc = self.evaluate(pl_module, trainer)
+            self._local_evals.append((local_acc, local_class_acc))
         if self._slot == len(self._plan.clients) - 1:
             self._aggregate(pl_module)
 
@@ -400,6 +411,12 @@ class Federation(Callback):
             "round_seconds": time.perf_counter() - self._round_start,
             "elapsed_seconds": self.elapsed + time.perf_counter() - self._round_start,
         }
+        if self._local_evals:
+            local_accs = [acc for acc, _ in self._local_evals]
+            received = self._received_class_acc  # τ compares each local model with the global model it started from
+            degrees = [forgetting_degree(received, local_class) for _, local_class in self._local_evals]
+            row["local_acc_mean"] = float(np.mean(local_accs))
+            row["local_forgetting_degree"] = float(np.mean(degrees))
         row.update({f"acc_class_{c}": float(a) for c, a in enumerate(class_acc)})
         self.history.append(row)
         self._log_to_loggers(trainer, row)
@@ -430,6 +447,9 @@ class Federation(Callback):
             "train/lr": row["lr"],
             "time/round_seconds": row["round_seconds"],
         }
+        if "local_acc_mean" in row:
+            metrics["local/acc_mean"] = row["local_acc_mean"]
+            metrics["local/forgetting_degree"] = row["local_forgetting_degree"]
         metrics.update({f"global_class/acc_{k[10:]}": v for k, v in row.items() if k.startswith("acc_class_")})
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=int(row["round"]))

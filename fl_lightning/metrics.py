@@ -36,7 +36,7 @@ def rounds_to_target(rounds: Sequence[int], accs: Sequence[float], target: float
     return None
 
 
-def forgetting_degree(global_acc: np.ndarray, local_acc: np.ndarray, xi: float = 1e-6) -> np.ndarray:
+def forgetting_degree(global_acc: np.ndarray, local_acc: np.ndarray, xi: float = 1e-3) -> np.ndarray:
     """Class-wise forgetting degree of FedKA (Chen, Zhu & Zheng, arXiv:2312.02416, §3.1).
 
     τ_k = (acc(θ_g; k) − acc(θ_local; k)) / (acc(θ_g; k) + ξ), per class k.

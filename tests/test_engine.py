@@ -264,3 +264,13 @@ def test_mixed_precision_on_gpu(tmp_path, precision):
     )
     trainer.fit(model, datamodule=dm)
     assert fed.history[-1]["global_acc"] > 0.5
+
+
+def test_local_evaluation_metrics(tmp_path):
+    _, fed, _ = tiny_run(tmp_path, rounds=3, fed_kwargs={"eval_local": True, "local_epochs": 2})
+    rows = read_metrics(tmp_path)
+    for row in rows:
+        assert 0.0 <= float(row["local_acc_mean"]) <= 1.0
+        assert float(row["local_forgetting_degree"]) <= 1.0
+    # a round's local models are individually worse than their average on this skewed split, at least once
+    assert any(float(r["local_acc_mean"]) < float(r["global_acc"]) for r in rows[1:])
