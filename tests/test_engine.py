@@ -274,3 +274,19 @@ def test_local_evaluation_metrics(tmp_path):
         assert float(row["local_forgetting_degree"]) <= 1.0
     # a round's local models are individually worse than their average on this skewed split, at least once
     assert any(float(r["local_acc_mean"]) < float(r["global_acc"]) for r in rows[1:])
+
+
+def test_step_hooks_path_gives_the_same_result(tmp_path):
+    """Lightning's manual_backward/optimizer path and the direct step compute the same update."""
+    calls = []
+
+    class GradWatcher(L.Callback):
+        def on_after_backward(self, trainer, pl_module):
+            calls.append(1)
+
+    _, direct, _ = tiny_run(tmp_path / "a", rounds=2, callbacks=[GradWatcher()])
+    assert calls == []
+    _, hooked, _ = tiny_run(tmp_path / "b", rounds=2, callbacks=[GradWatcher()], model_kwargs={"step_hooks": True})
+    assert calls
+    assert [r["global_acc"] for r in direct.history] == [r["global_acc"] for r in hooked.history]
+    assert direct.history[-1]["global_loss"] == pytest.approx(hooked.history[-1]["global_loss"], rel=1e-6)
