@@ -199,10 +199,36 @@ def run_comparison(spec: CompareSpec, dry_run: bool = False) -> Path:
     report_dir = write_report(
         spec.name, spec.output_dir, [(r.setting, r.method, r.seed, r.run_dir) for r in runs], spec.baseline
     )
+    if spec.wandb and not dry_run:
+        _log_report_to_wandb(spec, report_dir)
     if failures:
         names = ", ".join(f"{r.setting}/{r.method}/seed{r.seed}" for r in failures)
         print(f"[compare] {len(failures)} run(s) failed: {names}; see their stdout.log, then run again to retry")
     return report_dir
+
+
+def _log_report_to_wandb(spec: CompareSpec, report_dir: Path) -> None:
+    """The comparison's table and plots as one W&B run of the comparison's group (offline unless WANDB_MODE says)."""
+    import csv
+
+    import wandb
+
+    with open(report_dir / "results.csv") as f:
+        rows = list(csv.reader(f))
+    mode = os.environ.get("WANDB_MODE", "offline")
+    run = wandb.init(
+        project="fl_lightning",
+        group=spec.name,
+        name=f"{spec.name}/report",
+        job_type="report",
+        dir=str(spec.output_dir),
+        mode=mode,
+        tags=["report"],
+    )
+    run.log({"results": wandb.Table(columns=rows[0], data=rows[1:])})
+    for png in sorted(report_dir.glob("*.png")):
+        run.log({f"plots/{png.stem}": wandb.Image(str(png))})
+    run.finish()
 
 
 def main(argv: list[str] | None = None) -> int:

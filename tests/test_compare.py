@@ -92,3 +92,41 @@ def test_shipped_comparisons_parse(path, monkeypatch):
     monkeypatch.chdir(ROOT)
     spec = CompareSpec.from_yaml(path)
     assert spec.runs() and spec.baseline == spec.methods[0]
+
+
+def test_wandb_command_groups_and_tags(spec_file):
+    from fl_lightning.compare import _command
+
+    spec = CompareSpec.from_yaml(spec_file)
+    spec.wandb = True
+    cmd = _command(spec, spec.runs()[1], resume=True)
+    text = " ".join(cmd)
+    assert "--trainer.logger WandbLogger" in text and "--trainer.logger.offline true" in text
+    assert "--trainer.logger.group tiny" in text
+    assert '["fedntd", "seed0", "digits"]' in text
+    assert cmd[-2:] == ["--ckpt_path", "last"]
+
+
+def test_tensorboard_logger_works(tmp_path):
+    pytest.importorskip("tensorboard")
+    cli_main(
+        [
+            "fit",
+            "--config",
+            str(ROOT / "configs/quickstart.yaml"),
+            "--federation.rounds",
+            "1",
+            "--federation.local_epochs",
+            "1",
+            "--trainer.default_root_dir",
+            str(tmp_path),
+            "--trainer.enable_progress_bar",
+            "false",
+            "--trainer.logger",
+            "TensorBoardLogger",
+            "--trainer.logger.save_dir",
+            str(tmp_path / "tb"),
+        ]
+    )
+    assert list((tmp_path / "tb").rglob("events.out.tfevents.*"))
+    assert read_summary(tmp_path)["status"] == "completed"
