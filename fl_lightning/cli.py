@@ -108,7 +108,7 @@ def cli_main(args: list[str] | None = None, run: bool = True) -> FLCLI:
         subclass_mode_model=True,
         seed_everything_default=0,
         save_config_callback=RunConfigSaver,
-        trainer_defaults={"callbacks": [ModelCheckpoint(save_last=True, save_top_k=0)]},
+        trainer_defaults={"callbacks": [ModelCheckpoint(save_last="link", save_top_k=1)]},
         args=args,
         run=run,
         auto_configure_optimizers=False,

@@ -91,18 +91,19 @@ class FedAvg(L.LightningModule):
         """One local step on the current client's batch."""
         x, y = batch
         loss = self.client_loss(x, y)
+        opt = self.optimizers()
+        opt.zero_grad()
         if self._direct_step:
-            opt = self.trainer.optimizers[0]
-            opt.zero_grad()
             loss.backward()
             self.before_local_step()
-            opt.step()
+            # Lightning's own step bookkeeping (global_step, which checkpointing keys on), without its hook chain.
+            opt._on_before_step()
+            opt.optimizer.step()
+            opt._on_after_step()
         else:
-            lopt = self.optimizers()
-            lopt.zero_grad()
             self.manual_backward(loss)
             self.before_local_step()
-            lopt.step()
+            opt.step()
         return loss.detach()
 
     def on_fit_start(self) -> None:

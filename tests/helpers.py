@@ -39,7 +39,7 @@ def tiny_run(
     trainer = L.Trainer(
         accelerator="cpu",
         max_epochs=rounds,
-        callbacks=[fed, L.pytorch.callbacks.ModelCheckpoint(save_last=True, save_top_k=0), *(callbacks or [])],
+        callbacks=[fed, L.pytorch.callbacks.ModelCheckpoint(save_last="link", save_top_k=1), *(callbacks or [])],
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,

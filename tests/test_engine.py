@@ -136,7 +136,9 @@ class _InterruptAt(L.Callback):
 
 
 def test_resume_after_interrupt_is_identical(tmp_path):
-    tiny_run(tmp_path / "full", rounds=4, fed_kwargs={"lr_decay": 0.9})
+    full_trainer, _, _ = tiny_run(tmp_path / "full", rounds=4, fed_kwargs={"lr_decay": 0.9})
+    full_steps = full_trainer.global_step
+    assert full_steps > 0
     # Lightning turns Ctrl-C into a graceful shutdown and exit(1), and ignores further SIGINTs: undo that after.
     try:
         with pytest.raises(SystemExit):
@@ -145,7 +147,9 @@ def test_resume_after_interrupt_is_identical(tmp_path):
         signal.signal(signal.SIGINT, signal.default_int_handler)
     assert read_summary(tmp_path / "cut")["status"] == "interrupted"
     assert len(read_metrics(tmp_path / "cut")) == 2
-    tiny_run(tmp_path / "cut", rounds=4, fed_kwargs={"lr_decay": 0.9}, ckpt_path="last")
+    assert (tmp_path / "cut" / "checkpoints" / "last.ckpt").exists()
+    trainer, _, _ = tiny_run(tmp_path / "cut", rounds=4, fed_kwargs={"lr_decay": 0.9}, ckpt_path="last")
+    assert trainer.global_step == full_steps  # restored, not restarted
     full, resumed = read_metrics(tmp_path / "full"), read_metrics(tmp_path / "cut")
     assert len(resumed) == 4
     for a, b in zip(full, resumed, strict=True):
