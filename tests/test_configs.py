@@ -149,9 +149,11 @@ def test_cli_resume_continues_identically(tmp_path):
     ]
     cli_main([*base, "--trainer.default_root_dir", str(tmp_path / "full"), "--federation.rounds", "3"])
     cli_main([*base, "--trainer.default_root_dir", str(tmp_path / "cut"), "--federation.rounds", "2"])
-    cli_main(
+    assert (tmp_path / "cut" / "checkpoints" / "last.ckpt").exists()
+    resumed = cli_main(
         [*base, "--trainer.default_root_dir", str(tmp_path / "cut"), "--federation.rounds", "3", "--ckpt_path", "last"]
     )
+    assert str(resumed.trainer.ckpt_path).endswith(".ckpt")  # restored, not restarted
     full, cut = read_metrics(tmp_path / "full"), read_metrics(tmp_path / "cut")
     assert [r["global_acc"] for r in full] == [r["global_acc"] for r in cut]
     assert [r["global_loss"] for r in full] == [r["global_loss"] for r in cut]
