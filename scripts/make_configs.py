@@ -101,6 +101,26 @@ def all_configs() -> dict[str, str]:
                 )
             )
 
+    # FedLMD §5.4: FedLMD-Tf for the first half, then FedLMD.
+    data = {
+        "dataset": "fashion_mnist",
+        "num_clients": 100,
+        "batch_size": 50,
+        "holdout_per_class": 64,
+        **NTD_PARTITIONS["shard2"],
+    }
+    add(
+        _config(
+            "fedlmd_tf_switch_fmnist_shard2",
+            "fedlmd_tf",
+            "lenet",
+            data,
+            {"rounds": 100, "sample_ratio": 0.1, "local_epochs": 5, "lr_decay": 0.99},
+            "FedLMD-Tf until round 50, then FedLMD (FedLMD paper §5.4), FedNTD-paper setting on Fashion-MNIST.",
+            method_args={"switch_round": 50},
+        )
+    )
+
     # Paper headline settings on CIFAR-10 (need the data under ./data or --data.root).
     cifar_aug = {"crop_padding": 4, "hflip": True}
     for method in ("fedavg", "fedssd"):

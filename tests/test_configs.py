@@ -190,3 +190,28 @@ def test_cli_rejects_bad_input(tmp_path):
                 str(tmp_path),
             ]
         )
+
+
+def test_method_by_short_name_and_override():
+    from fl_lightning.methods import FedNTD
+
+    cli = cli_main(
+        [
+            "--config",
+            str(ROOT / "configs/quickstart.yaml"),
+            "--model",
+            "FedNTD",
+            "--model.beta",
+            "0.5",
+            "--data.partition",
+            "shard",
+            "--data.shards_per_client",
+            "3",
+            "--seed_everything",
+            "4",
+        ],
+        run=False,
+    )
+    assert isinstance(cli.model, FedNTD) and cli.model.beta == 0.5
+    assert cli.model.num_classes == 10 and cli.model.hparams.image_size == 8  # linked from the data
+    assert cli.datamodule.shards_per_client == 3 and cli.datamodule.seed == 4
