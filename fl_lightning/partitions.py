@@ -1,7 +1,12 @@
 """Non-IID partitions of a labelled dataset across clients.
 
-Each partitioner is a pure function of the labels and a seed that returns, per client, a sorted int64 array of
-sample indices; no index is used twice. Arguments are validated at once with a message that says what to change.
+Each partitioner is a pure function of the labels and a seed: it owns a ``np.random.default_rng(seed)`` and returns,
+per client, a sorted int64 array of sample indices; no index is used twice. Arguments are validated at once with a
+``ValueError`` that says what to change.
+
+>>> parts = partition([0, 1, 2] * 10, "shard", num_clients=3, shards_per_client=2)
+>>> [len(p) for p in parts]
+[10, 10, 10]
 """
 
 from __future__ import annotations
@@ -18,35 +23,51 @@ Labels = Sequence[int] | np.ndarray
 def _labels(labels: Labels) -> np.ndarray:
     arr = np.asarray(labels)
     if arr.ndim != 1:
-        raise ValueError(f"labels must be a 1-D array, got shape {arr.shape}")
+        raise ValueError(f"labels must be a 1-D array of class indices, got shape {arr.shape}")
     if arr.size == 0:
         raise ValueError("labels are empty: there is nothing to partition")
     if not np.issubdtype(arr.dtype, np.integer):
-        raise ValueError(f"labels must be integers, got dtype {arr.dtype}")
+        raise ValueError(f"labels must be integer class indices, got dtype {arr.dtype}; cast them with .astype(int)")
     if arr.min() < 0:
-        raise ValueError("labels must be non-negative class indices")
-    return arr.astype(np.int64)
+        raise ValueError(f"labels must be non-negative class indices, found {arr.min()}")
+    return arr.astype(np.int64, copy=False)
 
 
-def _check_clients(num_clients: int, n: int) -> None:
-    if num_clients < 1:
-        raise ValueError(f"num_clients must be at least 1, got {num_clients}")
+def _int(name: str, value: int, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if value < low:
+        raise ValueError(f"{name} must be at least {low}, got {value}")
+    return int(value)
+
+
+def _check_clients(num_clients: int, n: int) -> int:
+    num_clients = _int("num_clients", num_clients, 1)
     if num_clients > n:
         raise ValueError(f"more clients ({num_clients}) than samples ({n}); use at most {n} clients")
+    return num_clients
 
 
-def _finish(parts: list[np.ndarray] | list[list[int]]) -> list[np.ndarray]:
+def _finish(parts: Sequence[np.ndarray | list[int]]) -> list[np.ndarray]:
     return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
 
 
 def iid(labels: Labels, num_clients: int, seed: int = 0) -> list[np.ndarray]:
     """Uniformly random split into ``num_clients`` parts whose sizes differ by at most one.
 
+    Args:
+        labels: class index per sample (only its length matters here).
+        num_clients: number of clients N, ``1 <= N <= len(labels)``.
+        seed: random seed.
+
+    Returns:
+        One sorted int64 index array per client; together they cover every sample once.
+
     >>> [len(p) for p in iid([0, 1] * 5, 3)]
     [4, 3, 3]
     """
     y = _labels(labels)
-    _check_clients(num_clients, len(y))
+    num_clients = _check_clients(num_clients, len(y))
     rng = np.random.default_rng(seed)
     return _finish(np.array_split(rng.permutation(len(y)), num_clients))
 
@@ -54,62 +75,83 @@ def iid(labels: Labels, num_clients: int, seed: int = 0) -> list[np.ndarray]:
 def dirichlet(
     labels: Labels, num_clients: int, alpha: float, seed: int = 0, min_size: int = 10, max_draws: int = 100
 ) -> list[np.ndarray]:
-    """Latent Dirichlet allocation (LDA): client i gets the share p_{c,i} of class c, p_c ~ Dir_N(α).
+    """Latent Dirichlet allocation (LDA): client i gets the share p_{c,i} of class c, with p_c ~ Dir_N(α).
 
-    As in NIID-Bench, the whole partition is re-drawn while any client holds fewer than ``min_size`` samples, at
-    most ``max_draws`` times; then a ``ValueError`` says what to change. Client sizes differ.
+    Each class's samples are shuffled and cut at the cumulative proportions of p_c (NIID-Bench). The whole partition
+    is re-drawn, with the same generator, while any client holds fewer than ``min_size`` samples, at most
+    ``max_draws`` times; after that a ``ValueError`` reports the client sizes of the last draw. Every sample is
+    assigned; client sizes differ.
 
     Args:
         labels: class index per sample.
         num_clients: number of clients N.
-        alpha: concentration α > 0; small α gives few classes per client.
+        alpha: concentration α > 0; small α gives few classes per client, large α approaches IID.
         seed: random seed.
-        min_size: smallest acceptable client.
-        max_draws: bound on the re-draws.
+        min_size: smallest acceptable client, ``>= 0``.
+        max_draws: bound on the number of draws, ``>= 1``.
+
+    Returns:
+        One sorted int64 index array per client; together they cover every sample once.
     """
     y = _labels(labels)
-    _check_clients(num_clients, len(y))
+    num_clients = _check_clients(num_clients, len(y))
+    try:
+        alpha = float(alpha)
+    except (TypeError, ValueError):
+        raise ValueError(f"the Dirichlet concentration alpha must be a positive number, got {alpha!r}") from None
     if not (np.isfinite(alpha) and alpha > 0):
-        raise ValueError(f"the Dirichlet concentration alpha must be a positive number, got {alpha}")
-    if min_size < 0:
-        raise ValueError(f"min_size must be >= 0, got {min_size}")
+        raise ValueError(f"the Dirichlet concentration alpha must be a positive finite number, got {alpha}")
+    min_size = _int("min_size", min_size, 0)
+    max_draws = _int("max_draws", max_draws, 1)
     if min_size * num_clients > len(y):
         raise ValueError(
             f"{num_clients} clients of at least {min_size} samples need {min_size * num_clients} samples, "
             f"only {len(y)} exist; lower min_size or num_clients"
         )
-    if max_draws < 1:
-        raise ValueError(f"max_draws must be at least 1, got {max_draws}")
     rng = np.random.default_rng(seed)
-    classes = np.unique(y)
-    sizes: list[int] = []
+    members_by_class = [np.flatnonzero(y == c) for c in np.unique(y)]
+    sizes = np.zeros(num_clients, dtype=np.int64)
     for _ in range(max_draws):
-        parts: list[list[int]] = [[] for _ in range(num_clients)]
-        for c in classes:
-            members = rng.permutation(np.flatnonzero(y == c))
+        parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+        for members in members_by_class:
+            members = rng.permutation(members)
             shares = rng.dirichlet(np.full(num_clients, alpha))
             cuts = (np.cumsum(shares) * len(members)).astype(np.int64)[:-1]
             for i, chunk in enumerate(np.split(members, cuts)):
-                parts[i].extend(chunk.tolist())
-        sizes = [len(p) for p in parts]
-        if min(sizes) >= min_size:
-            return _finish(parts)
+                parts[i].append(chunk)
+        sizes = np.array([sum(len(c) for c in p) for p in parts], dtype=np.int64)
+        if sizes.min() >= min_size:
+            return _finish([np.concatenate(p) for p in parts])
+    small = np.flatnonzero(sizes < min_size)
+    shown = ", ".join(f"client {i}: {sizes[i]}" for i in small[:10]) + (" ..." if len(small) > 10 else "")
+    spread = f"all sizes {sizes.tolist()}" if num_clients <= 50 else f"sizes {sizes.min()}..{sizes.max()}"
     raise ValueError(
-        f"after {max_draws} draws of Dir({alpha}) some of the {num_clients} clients still held fewer than {min_size} "
-        f"samples (last draw's smallest: {sorted(sizes)[:5]}); raise alpha, lower min_size or use fewer clients"
+        f"after {max_draws} draws of Dir({alpha}) over {num_clients} clients, {len(small)} client(s) still held "
+        f"fewer than min_size={min_size} samples (last draw: {shown}; {spread}); "
+        "raise alpha, lower min_size or num_clients"
     )
 
 
 def shard(labels: Labels, num_clients: int, shards_per_client: int, seed: int = 0) -> list[np.ndarray]:
-    """Label sharding (FedAvg, FedNTD B.5): sort by label, cut into N·s equal shards, deal s random shards per client.
+    """Label sharding (FedAvg, FedNTD): sort by label, cut into N·s equal shards, deal s random shards per client.
 
-    Ties within a label are broken by a seeded shuffle. The last ``n mod (N·s)`` samples of the sorted order are
-    dropped so that all shards are equal.
+    Indices are shuffled with the seed before a stable sort by label, so ties within a label are broken at random.
+    Shards hold ``n // (N·s)`` samples each; the last ``n mod (N·s)`` samples of the sorted order (the tail of the
+    largest labels) are dropped so that all shards are equal. A shard may straddle two labels when class sizes are
+    not multiples of the shard size.
+
+    Args:
+        labels: class index per sample.
+        num_clients: number of clients N.
+        shards_per_client: shards s dealt to each client, ``N·s <= len(labels)``.
+        seed: random seed.
+
+    Returns:
+        One sorted int64 index array of ``s · (n // (N·s))`` samples per client.
     """
     y = _labels(labels)
-    _check_clients(num_clients, len(y))
-    if shards_per_client < 1:
-        raise ValueError(f"shards_per_client must be at least 1, got {shards_per_client}")
+    num_clients = _check_clients(num_clients, len(y))
+    shards_per_client = _int("shards_per_client", shards_per_client, 1)
     num_shards = num_clients * shards_per_client
     if num_shards > len(y):
         raise ValueError(
@@ -126,31 +168,41 @@ def shard(labels: Labels, num_clients: int, shards_per_client: int, seed: int = 
 
 
 def classes_per_client(labels: Labels, num_clients: int, k: int, seed: int = 0) -> list[np.ndarray]:
-    """Quantity-based label imbalance, NIID-Bench's #C = k.
+    """Quantity-based label imbalance, NIID-Bench's ``#C = k``.
 
-    Client i holds label ``i mod C`` plus k − 1 other distinct labels drawn at random; each label's samples are split
-    evenly among the clients that hold it. Samples of labels no client holds are left out.
+    With C = ``labels.max() + 1`` classes, client i holds label ``i mod C`` plus k − 1 other distinct labels drawn
+    at random. Each label's samples are shuffled and split evenly (``np.array_split``) among the clients that hold
+    it. Samples of labels that no client holds are dropped; a held label with no samples contributes nothing.
+
+    Args:
+        labels: class index per sample.
+        num_clients: number of clients N.
+        k: labels per client, ``1 <= k <= C``.
+        seed: random seed.
+
+    Returns:
+        One sorted int64 index array per client.
     """
     y = _labels(labels)
-    _check_clients(num_clients, len(y))
+    num_clients = _check_clients(num_clients, len(y))
     num_classes = int(y.max()) + 1
-    if not 1 <= k <= num_classes:
-        raise ValueError(f"classes_per_client k must be between 1 and {num_classes}, got {k}")
+    if isinstance(k, bool) or not isinstance(k, int | np.integer) or not 1 <= k <= num_classes:
+        raise ValueError(f"classes_per_client k must be an integer between 1 and {num_classes} (the classes), got {k}")
     rng = np.random.default_rng(seed)
-    held: list[list[int]] = []
+    holders: list[list[int]] = [[] for _ in range(num_classes)]
     for i in range(num_clients):
         own = i % num_classes
-        others = rng.choice([c for c in range(num_classes) if c != own], k - 1, replace=False).tolist()
-        held.append([own, *others])
-    parts: list[list[int]] = [[] for _ in range(num_clients)]
-    for c in range(num_classes):
-        holders = [i for i, cs in enumerate(held) if c in cs]
-        if not holders:
+        others = np.delete(np.arange(num_classes), own)
+        for c in (own, *rng.choice(others, int(k) - 1, replace=False).tolist()):
+            holders[c].append(i)
+    parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    for c, who in enumerate(holders):
+        if not who:
             continue
         members = rng.permutation(np.flatnonzero(y == c))
-        for i, chunk in zip(holders, np.array_split(members, len(holders)), strict=True):
-            parts[i].extend(chunk.tolist())
-    return _finish(parts)
+        for i, chunk in zip(who, np.array_split(members, len(who)), strict=True):
+            parts[i].append(chunk)
+    return _finish([np.concatenate(p) if p else np.empty(0, dtype=np.int64) for p in parts])
 
 
 _classes_per_client = classes_per_client  # the dispatcher's keyword argument shadows the function's name
@@ -167,7 +219,21 @@ def partition(
     classes_per_client: int = 2,
     min_size: int = 10,
 ) -> list[np.ndarray]:
-    """Partition by scheme name: ``iid``, ``dirichlet``, ``shard`` or ``classes_per_client``."""
+    """Partition by scheme name, one of ``PARTITIONS``; only the keyword arguments of that scheme are used.
+
+    Args:
+        labels: class index per sample.
+        scheme: ``"iid"``, ``"dirichlet"``, ``"shard"`` or ``"classes_per_client"``.
+        num_clients: number of clients N.
+        seed: random seed.
+        alpha: Dirichlet concentration (``dirichlet``).
+        shards_per_client: shards per client (``shard``).
+        classes_per_client: labels per client k (``classes_per_client``).
+        min_size: smallest acceptable client (``dirichlet``).
+
+    Returns:
+        One sorted int64 index array per client.
+    """
     if scheme == "iid":
         return iid(labels, num_clients, seed)
     if scheme == "dirichlet":
@@ -180,8 +246,24 @@ def partition(
 
 
 def class_counts(labels: Labels, parts: Sequence[np.ndarray], num_classes: int) -> np.ndarray:
-    """Client x class sample counts, int64 ``[num_clients, num_classes]``."""
+    """Client x class sample counts.
+
+    Args:
+        labels: class index per sample.
+        parts: index array per client, as returned by the partitioners.
+        num_classes: number of columns; must exceed every label.
+
+    Returns:
+        int64 array ``[len(parts), num_classes]``.
+
+    >>> class_counts([0, 1, 1, 2], [np.array([0, 1]), np.array([2, 3])], 3).tolist()
+    [[1, 1, 0], [0, 1, 1]]
+    """
     y = _labels(labels)
-    return np.stack([np.bincount(y[np.asarray(p, dtype=np.int64)], minlength=num_classes) for p in parts]).astype(
-        np.int64
-    )
+    num_classes = _int("num_classes", num_classes, 1)
+    if y.max() >= num_classes:
+        raise ValueError(f"label {y.max()} does not fit num_classes={num_classes}; raise num_classes to {y.max() + 1}")
+    counts = np.zeros((len(parts), num_classes), dtype=np.int64)
+    for i, p in enumerate(parts):
+        counts[i] = np.bincount(y[np.asarray(p, dtype=np.int64)], minlength=num_classes)
+    return counts

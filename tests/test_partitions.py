@@ -14,9 +14,16 @@ KWARGS = {"alpha": 0.5, "shards_per_client": 2, "classes_per_client": 2, "min_si
 @pytest.mark.parametrize("scheme", PARTITIONS)
 def test_every_index_used_at_most_once(scheme):
     parts = partition(LABELS, scheme, 10, seed=3, **KWARGS)
+    assert len(parts) == 10
     flat = np.concatenate(parts)
     assert len(flat) == len(set(flat.tolist()))
     assert flat.min() >= 0 and flat.max() < len(LABELS)
+
+
+@pytest.mark.parametrize("scheme", PARTITIONS)
+def test_parts_are_sorted_int64(scheme):
+    parts = partition(LABELS, scheme, 10, seed=3, **KWARGS)
+    assert all(p.dtype == np.int64 and p.ndim == 1 for p in parts)
     assert all(np.all(np.diff(p) > 0) for p in parts)
 
 
@@ -41,10 +48,21 @@ def test_class_makeup_is_a_function_of_the_labels(scheme):
     perm = np.random.default_rng(0).permutation(len(LABELS))
     original = class_counts(LABELS, partition(LABELS, scheme, 10, seed=2, **KWARGS), 10)
     shuffled = class_counts(LABELS[perm], partition(LABELS[perm], scheme, 10, seed=2, **KWARGS), 10)
-    # same multiset of client sizes and the same per-client class structure for label-driven schemes
     assert sorted(original.sum(1).tolist()) == sorted(shuffled.sum(1).tolist())
-    if scheme != "iid":
+    if scheme != "iid":  # label-driven schemes: identical client x class table
         assert np.array_equal(original, shuffled)
+
+
+@pytest.mark.parametrize("scheme", PARTITIONS)
+def test_dispatcher_matches_direct_call(scheme):
+    direct = {
+        "iid": lambda: iid(LABELS, 10, 4),
+        "dirichlet": lambda: dirichlet(LABELS, 10, 0.5, 4, min_size=5),
+        "shard": lambda: shard(LABELS, 10, 2, 4),
+        "classes_per_client": lambda: classes_per_client(LABELS, 10, 2, 4),
+    }[scheme]()
+    via = partition(LABELS, scheme, 10, seed=4, **KWARGS)
+    assert all(np.array_equal(x, y) for x, y in zip(direct, via, strict=True))
 
 
 def test_iid_sizes_differ_by_at_most_one():
@@ -52,17 +70,25 @@ def test_iid_sizes_differ_by_at_most_one():
     assert max(sizes) - min(sizes) <= 1
 
 
+def test_iid_accepts_a_list():
+    assert [len(p) for p in iid([i % 3 for i in range(100)], 3)] == [34, 33, 33]
+
+
 def test_dirichlet_respects_min_size_and_skews():
     parts = dirichlet(LABELS, 10, alpha=0.1, seed=0, min_size=10)
     counts = class_counts(LABELS, parts, 10)
     assert counts.sum(1).min() >= 10
-    # small alpha: most clients are dominated by few classes
-    assert np.median((counts > 0).sum(1)) < 10
+    assert np.median((counts > 0).sum(1)) < 10  # small alpha: most clients miss some classes
 
 
 def test_dirichlet_raises_after_bounded_redraws():
-    with pytest.raises(ValueError, match="raise alpha"):
+    with pytest.raises(ValueError, match=r"after 3 draws.*min_size=12.*raise alpha, lower min_size or num_clients"):
         dirichlet(LABELS, 40, alpha=0.01, seed=0, min_size=12, max_draws=3)
+
+
+def test_dirichlet_min_size_zero_allows_empty_clients():
+    parts = dirichlet(LABELS, 40, alpha=0.01, seed=0, min_size=0)
+    assert sum(len(p) for p in parts) == len(LABELS)
 
 
 def test_shard_two_shards_at_most_two_classes():
@@ -74,8 +100,8 @@ def test_shard_two_shards_at_most_two_classes():
 
 def test_shard_drops_only_the_remainder():
     labels = np.arange(103) % 10
-    parts = shard(labels, 10, 2, seed=0)
-    assert sum(len(p) for p in parts) == 100
+    parts = shard(labels, 10, 2, seed=0)  # 20 shards of 5; 103 % 20 = 3 dropped
+    assert [len(p) for p in parts] == [10] * 10
 
 
 def test_classes_per_client_structure():
@@ -91,30 +117,43 @@ def test_classes_per_client_structure():
             assert holders.sum() == 50
 
 
+def test_classes_per_client_drops_unheld_labels():
+    parts = classes_per_client(LABELS, 3, 1, seed=0)  # clients hold labels 0, 1, 2 only
+    counts = class_counts(LABELS, parts, 10)
+    assert counts.tolist() == [[50 if c == i else 0 for c in range(10)] for i in range(3)]
+
+
 def test_class_counts_shape_and_sum():
     parts = iid(LABELS, 4)
     counts = class_counts(LABELS, parts, 12)
-    assert counts.shape == (4, 12) and counts.sum() == len(LABELS)
+    assert counts.dtype == np.int64 and counts.shape == (4, 12) and counts.sum() == len(LABELS)
     assert counts[:, 10:].sum() == 0
+    assert counts.sum(0)[:10].tolist() == [50] * 10
 
 
 @pytest.mark.parametrize(
     ("call", "match"),
     [
-        (lambda: iid(LABELS, 0), "at least 1"),
+        (lambda: iid(LABELS, 0), "num_clients must be at least 1"),
+        (lambda: iid(LABELS, 2.5), "num_clients must be an integer"),
         (lambda: iid(LABELS, 501), "more clients"),
         (lambda: dirichlet(LABELS, 10, alpha=0.0), "positive"),
         (lambda: dirichlet(LABELS, 10, alpha=-1.0), "positive"),
         (lambda: dirichlet(LABELS, 10, alpha=float("nan")), "positive"),
-        (lambda: dirichlet(LABELS, 10, alpha=1.0, min_size=100), "min_size"),
-        (lambda: shard(LABELS, 10, 0), "shards_per_client"),
-        (lambda: shard(LABELS, 300, 2), "shards"),
+        (lambda: dirichlet(LABELS, 10, alpha=float("inf")), "positive"),
+        (lambda: dirichlet(LABELS, 10, alpha=1.0, min_size=-1), "min_size must be at least 0"),
+        (lambda: dirichlet(LABELS, 10, alpha=1.0, min_size=100), "lower min_size or num_clients"),
+        (lambda: dirichlet(LABELS, 10, alpha=1.0, max_draws=0), "max_draws"),
+        (lambda: shard(LABELS, 10, 0), "shards_per_client must be at least 1"),
+        (lambda: shard(LABELS, 300, 2), "lower shards_per_client or num_clients"),
         (lambda: classes_per_client(LABELS, 10, 0), "between 1 and 10"),
         (lambda: classes_per_client(LABELS, 10, 11), "between 1 and 10"),
-        (lambda: partition(LABELS, "zipf", 10), "unknown partition"),
+        (lambda: partition(LABELS, "zipf", 10), "unknown partition.*iid, dirichlet, shard, classes_per_client"),
         (lambda: iid([], 1), "empty"),
         (lambda: iid(np.zeros((2, 2), dtype=int), 1), "1-D"),
         (lambda: iid([-1, 0], 1), "non-negative"),
+        (lambda: iid([0.5, 1.0], 1), "integer class indices"),
+        (lambda: class_counts(LABELS, iid(LABELS, 2), 5), "raise num_classes to 10"),
     ],
 )
 def test_bad_arguments(call, match):
