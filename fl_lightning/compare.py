@@ -153,10 +153,10 @@ def _command(spec: CompareSpec, run: Run, resume: bool) -> list[str]:
     return cmd
 
 
-def run_comparison(spec: CompareSpec, dry_run: bool = False) -> Path:
-    """Run what is missing, then write the report; returns the report's folder."""
+def run_comparison(spec: CompareSpec, dry_run: bool = False, report_only: bool = False) -> Path:
+    """Run what is missing (nothing with ``report_only``), then write the report; returns the report's folder."""
     runs = spec.runs()
-    todo = [r for r in runs if r.state() != "done"]
+    todo = [] if report_only else [r for r in runs if r.state() != "done"]
     print(
         f"[compare] {spec.name}: {len(runs)} runs, {len(runs) - len(todo)} already done, {len(todo)} to run "
         f"({spec.jobs} at a time); output in {spec.output_dir}",
@@ -237,10 +237,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="comparison YAML (see fl_lightning/compare.py)")
     parser.add_argument("--dry-run", action="store_true", help="print the fit commands instead of running them")
     parser.add_argument("--jobs", type=int, default=None, help="override the YAML's parallel runs")
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="run nothing: write the tables and plots from the runs that exist (unfinished ones are marked)",
+    )
     args = parser.parse_args(argv)
     spec = CompareSpec.from_yaml(args.config)
     if args.jobs:
         spec.jobs = args.jobs
-    out = run_comparison(spec, dry_run=args.dry_run)
+    out = run_comparison(spec, dry_run=args.dry_run, report_only=args.report_only)
     print(f"[compare] report: {out / 'results.md'}")
     return 0
