@@ -157,11 +157,15 @@ def run_comparison(spec: CompareSpec, dry_run: bool = False, report_only: bool =
     """Run what is missing (nothing with ``report_only``), then write the report; returns the report's folder."""
     runs = spec.runs()
     todo = [] if report_only else [r for r in runs if r.state() != "done"]
-    print(
-        f"[compare] {spec.name}: {len(runs)} runs, {len(runs) - len(todo)} already done, {len(todo)} to run "
-        f"({spec.jobs} at a time); output in {spec.output_dir}",
-        flush=True,
-    )
+    if report_only:
+        done = sum(r.state() == "done" for r in runs)
+        print(f"[compare] {spec.name}: report only, {done} of {len(runs)} runs finished", flush=True)
+    else:
+        print(
+            f"[compare] {spec.name}: {len(runs)} runs, {len(runs) - len(todo)} already done, {len(todo)} to run "
+            f"({spec.jobs} at a time); output in {spec.output_dir}",
+            flush=True,
+        )
     threads = max(1, (os.cpu_count() or 1) // spec.jobs)
     started = time.time()
     finished = 0

@@ -63,7 +63,7 @@ def test_compare_runs_reuses_and_resumes(spec_file, tmp_path, capsys):
 
     # --report-only runs nothing and marks what is unfinished
     assert main(["--config", str(spec_file), "--report-only"]) == 0
-    assert "0 to run" in capsys.readouterr().out
+    assert "report only, 0 of 2 runs finished" in capsys.readouterr().out
     assert [r.state() for r in spec.runs()] == ["new", "partial"]
     partial_md = (spec.output_dir / "report" / "results.md").read_text()
     assert "missing" in partial_md and "interrupted" in partial_md
