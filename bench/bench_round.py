@@ -103,7 +103,7 @@ def run_plain(dataset: str, rounds: int, seed: int) -> list[float]:
         weights = aggregation_weights([dm.client_sizes[c] for c in plan.clients])
         acc = StateAccumulator()
         lr = SETTING["lr"] * plan.lr_scale
-        batches = iter(RoundBatches(dm.train_x, dm.train_y, dm.client_indices, plan, dm.batch_size, False, seed))
+        batches = RoundBatches(dm.train_x, dm.train_y, dm.client_indices, plan, dm.batch_size, False, seed).batches()
         for slot, steps in enumerate(plan.steps):
             net.load_state_dict(global_state)
             opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=SETTING["momentum"], weight_decay=SETTING["wd"])

@@ -55,8 +55,39 @@ def _round_seed(*parts: int) -> int:
     return int(np.random.SeedSequence(list(parts)).generate_state(1, np.uint64)[0] >> 1)
 
 
+class ClientBatches:
+    """One client's local batches of a round, in training order; iterating yields ``(x, y)`` after ``transform``.
+
+    It is one item of :class:`RoundBatches`: Lightning moves it to the device as a whole (``xs``/``ys`` are lists of
+    tensors) and one ``training_step`` trains on all of it, so the per-batch cost of Lightning's loop is paid once
+    per client instead of once per local step. The transform (augmentation, normalisation) runs lazily, batch by
+    batch, just before each step, in the same order as a per-batch loop would.
+    """
+
+    def __init__(
+        self,
+        xs: list[Tensor],
+        ys: list[Tensor],
+        transform: Callable[[Tensor], Tensor] | None = None,
+    ) -> None:
+        self.xs, self.ys, self.transform = xs, ys, transform
+
+    def __len__(self) -> int:
+        return len(self.xs)
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        for x, y in zip(self.xs, self.ys, strict=True):
+            yield (self.transform(x) if self.transform is not None else x), y
+
+    def to(self, device: torch.device | str) -> ClientBatches:
+        """The same batches on ``device`` (Lightning's batch transfer calls this)."""
+        return ClientBatches([x.to(device) for x in self.xs], [y.to(device) for y in self.ys], self.transform)
+
+
 class RoundBatches:
-    """Iterable over one round's local batches: each planned client in turn, ``local_epochs`` shuffled passes.
+    """Iterable over one round's clients: each planned client in turn, as a :class:`ClientBatches`.
+
+    A client's batches are its ``local_epochs`` shuffled passes over its data.
 
     Shuffling uses a generator seeded by (seed, round, client), so a round's batches do not depend on what ran
     before it; that is what makes an interrupted run resume bit-for-bit.
@@ -80,20 +111,30 @@ class RoundBatches:
         self.seed = seed
 
     def __len__(self) -> int:
-        return self.plan.total_steps
+        return len(self.plan.clients)
 
-    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
-        bs = self.batch_size
+    def __iter__(self) -> Iterator[ClientBatches]:
         for client in self.plan.clients:
-            idx = self.client_indices[client]
-            n = idx.numel()
-            gen = torch.Generator().manual_seed(_round_seed(self.seed, self.plan.round, client))
-            stop = n - n % bs if self.drop_last else n
-            for _ in range(self.plan.local_epochs):
-                order = idx[torch.randperm(n, generator=gen)]
-                for start in range(0, stop, bs):
-                    batch = order[start : start + bs]
-                    yield self.x[batch], self.y[batch]
+            xs, ys = zip(*self.client_batches(client), strict=True)
+            yield ClientBatches(list(xs), list(ys))
+
+    def client_batches(self, client: int) -> Iterator[tuple[Tensor, Tensor]]:
+        """A client's local batches of this round, in training order."""
+        bs = self.batch_size
+        idx = self.client_indices[client]
+        n = idx.numel()
+        gen = torch.Generator().manual_seed(_round_seed(self.seed, self.plan.round, client))
+        stop = n - n % bs if self.drop_last else n
+        for _ in range(self.plan.local_epochs):
+            order = idx[torch.randperm(n, generator=gen)]
+            for start in range(0, stop, bs):
+                batch = order[start : start + bs]
+                yield self.x[batch], self.y[batch]
+
+    def batches(self) -> Iterator[tuple[Tensor, Tensor]]:
+        """Every local batch of the round, client after client (for hand-written loops)."""
+        for client in self.plan.clients:
+            yield from self.client_batches(client)
 
 
 class FederatedDataModule(L.LightningDataModule):
@@ -295,9 +336,14 @@ class FederatedDataModule(L.LightningDataModule):
         assert self.data is not None
         return DataLoader(TensorDataset(self.data.test_x, self.data.test_y), batch_size=self.eval_batch_size)
 
-    def on_after_batch_transfer(self, batch: tuple[Tensor, Tensor], dataloader_idx: int) -> tuple[Tensor, Tensor]:
+    def on_after_batch_transfer(
+        self, batch: ClientBatches | tuple[Tensor, Tensor], dataloader_idx: int
+    ) -> ClientBatches | tuple[Tensor, Tensor]:
         """Convert to float, augment (training only) and normalise, on the batch's device."""
         assert self.transform is not None
+        transform = self.transform
+        if isinstance(batch, ClientBatches):
+            return ClientBatches(batch.xs, batch.ys, lambda x: transform(x, train=True))
         x, y = batch
         training = self.trainer is not None and self.trainer.training
-        return self.transform(x, train=training), y
+        return transform(x, train=training), y

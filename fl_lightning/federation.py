@@ -108,14 +108,12 @@ class Federation(Callback):
 
     def _reset_round(self) -> None:
         self._plan: RoundPlan | None = None
-        self._starts: list[int] = []
         self._slot = -1
         self._global: dict[str, Tensor] = {}
         self._payload: dict[str, Any] = {}
         self._acc: StateAccumulator | None = None
         self._weights: list[float] = []
         self._ctx: ClientContext | None = None
-        self._loss_sum: Tensor | None = None
         self._losses: list[Tensor] = []
         self._local_evals: list[tuple[float, np.ndarray]] = []
         self._received_class_acc = np.zeros(0)
@@ -229,7 +227,6 @@ class Federation(Callback):
                 group.setdefault("fl_initial_lr", group["lr"])
                 group["lr"] = group["fl_initial_lr"] * plan.lr_scale
         self._global = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
-        self._starts = np.cumsum((0,) + plan.steps).tolist()
         sizes = self.dm.client_sizes
         self._weights = aggregation_weights([sizes[c] for c in plan.clients], self.aggregation)
         self._acc = StateAccumulator()
@@ -256,11 +253,12 @@ class Federation(Callback):
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        """At a client's first batch: restart from the global weights with a fresh optimizer state."""
-        if batch_idx != self._starts[self._slot + 1]:
-            return
+        """Before a client's local update: restart from the global weights with a fresh optimizer state.
+
+        One training batch is one client's whole local update (:class:`~fl_lightning.data.ClientBatches`).
+        """
         assert isinstance(pl_module, FedAvg) and self._plan is not None and self.dm is not None
-        self._slot += 1
+        self._slot = batch_idx
         client = self._plan.clients[self._slot]
         if self._slot > 0:
             pl_module.load_state_dict(self._global)
@@ -282,24 +280,17 @@ class Federation(Callback):
             device=pl_module.device,
             generator=torch.Generator().manual_seed(_round_seed(self.seed, self._plan.round, client, 2)),
         )
-        self._loss_sum = None
         pl_module.on_client_start(self._ctx)
 
     @override
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        """Accumulate the training loss; at a client's last batch, collect its weights."""
+        """After a client's local update: collect its weights and mean training loss."""
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        if loss is not None:
-            loss = loss.detach().float()
-            self._loss_sum = loss if self._loss_sum is None else self._loss_sum + loss
-        if batch_idx != self._starts[self._slot + 1] - 1:
-            return
         assert isinstance(pl_module, FedAvg) and self._ctx is not None and self._acc is not None
         pl_module.on_client_end(self._ctx)
-        steps = self._plan.steps[self._slot] if self._plan else 1
-        mean_loss = self._loss_sum / steps if self._loss_sum is not None else torch.tensor(0.0)
+        mean_loss = loss.detach().float() if loss is not None else torch.tensor(0.0)
         state = pl_module.state_dict()
         finite = bool(torch.isfinite(mean_loss)) and all(
             bool(torch.isfinite(v).all()) for v in state.values() if torch.is_floating_point(v)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable
 from typing import Any
 
 import lightning as L
@@ -87,9 +88,23 @@ class FedAvg(L.LightningModule):
             weight_decay=self.hparams.weight_decay,
         )
 
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        """One local step on the current client's batch."""
-        x, y = batch
+    def training_step(self, batch: Iterable[tuple[Tensor, Tensor]], batch_idx: int) -> Tensor:
+        """One client's local update: a step on each of its batches (``batch_idx`` is the client's slot in the round).
+
+        Returns the mean training loss over its steps.
+        """
+        total = None
+        steps = 0
+        for x, y in batch:
+            loss = self.local_step(x, y)
+            total = loss if total is None else total + loss
+            steps += 1
+        if total is None:
+            raise ValueError(f"client slot {batch_idx} has no local batch")
+        return total / steps
+
+    def local_step(self, x: Tensor, y: Tensor) -> Tensor:
+        """One local optimizer step on one (augmented, normalised) batch; returns its detached loss."""
         loss = self.client_loss(x, y)
         opt = self.optimizers()
         opt.zero_grad()

@@ -61,9 +61,8 @@ def test_round_is_average_of_clients(tmp_path):
             self.fed = fed
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            fed = self.fed
-            if batch_idx == fed._starts[fed._slot + 1] - 1:
-                local[fed._plan.clients[fed._slot]] = {k: v.clone() for k, v in pl_module.state_dict().items()}
+            # one training batch is one client's whole local update
+            local[self.fed._plan.clients[batch_idx]] = {k: v.clone() for k, v in pl_module.state_dict().items()}
 
     dm = FederatedDataModule("digits", num_clients=3, partition="iid", batch_size=64)
     model = FedAvg(net="lenet", num_classes=10, in_channels=1, image_size=8, lr=0.05)
