@@ -174,7 +174,7 @@ class Federation(Callback):
                 f"the model predicts {pl_module.num_classes} classes but {dm.dataset} has {dm.num_classes}"
             )
         if trainer.accumulate_grad_batches != 1:
-            raise ValueError("accumulate_grad_batches must be 1: each batch is one local optimizer step")
+            raise ValueError("accumulate_grad_batches must be 1: every local batch is one optimizer step")
         dm.setup("fit")
         self.dm = dm
         dm.plan_fn = self.plan
