@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import lightning as L
 import numpy as np
@@ -58,30 +59,42 @@ def _round_seed(*parts: int) -> int:
 class ClientBatches:
     """One client's local batches of a round, in training order; iterating yields ``(x, y)`` after ``transform``.
 
-    It is one item of :class:`RoundBatches`: Lightning moves it to the device as a whole (``xs``/``ys`` are lists of
-    tensors) and one ``training_step`` trains on all of it, so the per-batch cost of Lightning's loop is paid once
-    per client instead of once per local step. The transform (augmentation, normalisation) runs lazily, batch by
-    batch, just before each step, in the same order as a per-batch loop would.
+    It is one item of :class:`RoundBatches`: the client's data (``x``, ``y``, stored once) and the positions of
+    each local batch in it (``batches``). Lightning moves it to the device as a whole and one ``training_step``
+    trains on all of it, so the per-batch cost of Lightning's loop is paid once per client instead of once per local
+    step. Batches are gathered and transformed (augmentation, normalisation) lazily, just before each step, in the
+    same order as a per-batch loop would.
     """
 
     def __init__(
         self,
-        xs: list[Tensor],
-        ys: list[Tensor],
+        x: Tensor,
+        y: Tensor,
+        batches: list[Tensor],
         transform: Callable[[Tensor], Tensor] | None = None,
     ) -> None:
-        self.xs, self.ys, self.transform = xs, ys, transform
+        self.x, self.y, self.batches, self.transform = x, y, batches, transform
 
     def __len__(self) -> int:
-        return len(self.xs)
+        return len(self.batches)
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
-        for x, y in zip(self.xs, self.ys, strict=True):
-            yield (self.transform(x) if self.transform is not None else x), y
+        for pos in self.batches:
+            x = self.x[pos]
+            yield (self.transform(x) if self.transform is not None else x), self.y[pos]
 
-    def to(self, device: torch.device | str) -> ClientBatches:
+    def to(self, device: torch.device | str, **kwargs: Any) -> ClientBatches:
         """The same batches on ``device`` (Lightning's batch transfer calls this)."""
-        return ClientBatches([x.to(device) for x in self.xs], [y.to(device) for y in self.ys], self.transform)
+        return ClientBatches(
+            self.x.to(device, **kwargs),
+            self.y.to(device, **kwargs),
+            [b.to(device, **kwargs) for b in self.batches],
+            self.transform,
+        )
+
+    def with_transform(self, transform: Callable[[Tensor], Tensor]) -> ClientBatches:
+        """The same batches, each passed through ``transform`` when iterated."""
+        return ClientBatches(self.x, self.y, self.batches, transform)
 
 
 class RoundBatches:
@@ -115,21 +128,26 @@ class RoundBatches:
 
     def __iter__(self) -> Iterator[ClientBatches]:
         for client in self.plan.clients:
-            xs, ys = zip(*self.client_batches(client), strict=True)
-            yield ClientBatches(list(xs), list(ys))
+            idx = self.client_indices[client]
+            yield ClientBatches(self.x[idx], self.y[idx], list(self._positions(client)))
 
-    def client_batches(self, client: int) -> Iterator[tuple[Tensor, Tensor]]:
-        """A client's local batches of this round, in training order."""
+    def _positions(self, client: int) -> Iterator[Tensor]:
+        """Positions, within the client's data, of each of its local batches this round, in training order."""
         bs = self.batch_size
-        idx = self.client_indices[client]
-        n = idx.numel()
+        n = self.client_indices[client].numel()
         gen = torch.Generator().manual_seed(_round_seed(self.seed, self.plan.round, client))
         stop = n - n % bs if self.drop_last else n
         for _ in range(self.plan.local_epochs):
-            order = idx[torch.randperm(n, generator=gen)]
+            perm = torch.randperm(n, generator=gen)
             for start in range(0, stop, bs):
-                batch = order[start : start + bs]
-                yield self.x[batch], self.y[batch]
+                yield perm[start : start + bs]
+
+    def client_batches(self, client: int) -> Iterator[tuple[Tensor, Tensor]]:
+        """A client's local batches of this round, in training order."""
+        idx = self.client_indices[client]
+        for pos in self._positions(client):
+            batch = idx[pos]
+            yield self.x[batch], self.y[batch]
 
     def batches(self) -> Iterator[tuple[Tensor, Tensor]]:
         """Every local batch of the round, client after client (for hand-written loops)."""
@@ -343,7 +361,7 @@ class FederatedDataModule(L.LightningDataModule):
         assert self.transform is not None
         transform = self.transform
         if isinstance(batch, ClientBatches):
-            return ClientBatches(batch.xs, batch.ys, lambda x: transform(x, train=True))
+            return batch.with_transform(lambda x: transform(x, train=True))
         x, y = batch
         training = self.trainer is not None and self.trainer.training
         return transform(x, train=training), y

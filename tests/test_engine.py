@@ -12,6 +12,7 @@ from helpers import read_metrics, read_summary, tiny_run
 
 from fl_lightning import FedAvg, FederatedDataModule, Federation
 from fl_lightning.aggregation import StateAccumulator, aggregation_weights, weighted_average
+from fl_lightning.data import RoundBatches, RoundPlan, client_steps
 
 
 class TestAggregation:
@@ -293,3 +294,24 @@ def test_step_hooks_path_gives_the_same_result(tmp_path):
     assert calls
     assert [r["global_acc"] for r in direct.history] == [r["global_acc"] for r in hooked.history]
     assert direct.history[-1]["global_loss"] == pytest.approx(hooked.history[-1]["global_loss"], rel=1e-6)
+
+
+def test_client_batches_are_the_per_batch_sequence():
+    """One training batch per client yields exactly the batches, in the order, of a per-batch loop."""
+    dm = FederatedDataModule("digits", num_clients=3, partition="dirichlet", alpha=0.5, batch_size=64)
+    dm.setup("fit")
+    clients = (2, 0)
+    steps = tuple(client_steps(dm.client_sizes[c], 64, 2) for c in clients)
+    plan = RoundPlan(round=3, clients=clients, steps=steps, local_epochs=2, lr_scale=1.0)
+    rounds = RoundBatches(dm.train_x, dm.train_y, dm.client_indices, plan, 64, False, seed=0)
+    per_client = list(rounds)
+    assert len(per_client) == len(clients) and [len(c) for c in per_client] == list(steps)
+    nested = [batch for client in per_client for batch in client.to("cpu")]
+    flat = list(rounds.batches())
+    assert len(nested) == len(flat) == sum(steps)
+    for (x1, y1), (x2, y2) in zip(nested, flat, strict=True):
+        assert torch.equal(x1, x2) and torch.equal(y1, y2)
+    # each client's data is stored once, not once per local epoch
+    assert len(per_client[0].x) == dm.client_sizes[clients[0]]
+    doubled = per_client[0].with_transform(lambda x: x.float() * 2)
+    assert torch.equal(next(iter(doubled))[0], nested[0][0].float() * 2)
