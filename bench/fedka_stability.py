@@ -1,0 +1,211 @@
+"""Is FedKA's divergence a defect or a step-size instability of its squared-logit anchor loss?
+
+Runs FedKA in the Fashion-MNIST FedNTD-paper setting (LeNet, 100 clients, ratio 0.1, E = 5, batch 50) and records, at
+every local step, the batch CE, L_KA and the largest curvature the anchor term alone puts on the classifier layer:
+
+    λ_KA = (2β/|T|) · σ_max([H_T, 1])²,   H_T the anchors' penultimate features.
+
+CE is convex in the classifier's weights and L_KA is a convex quadratic in them, so the loss's Hessian restricted to
+that layer is at least λ_KA; heavy-ball SGD (lr, momentum ρ) on a quadratic diverges along a direction whose
+curvature exceeds 2(1 + ρ)/lr. The script prints, per round, the largest ``lr·λ_KA / (2(1+ρ))`` (> 1 means that
+step was outside the stable region), the largest L_KA and the global accuracy, and writes every step to a CSV.
+
+With ``--replay CKPT --client K`` it instead replays one client's local update from a saved global model (e.g. the
+round before a divergence) over several random batch orders, for a grid of (β, lr, gradient clipping), and prints how
+often L_KA explodes: if halving lr (or clipping) removes what β·L_KA at full lr does, the divergence is a step-size
+instability of the loss, not a wrong loss.
+
+Usage: ``python bench/fedka_stability.py --rounds 30 --beta 0.1 --partition shard --out runs/fedka_stability``
+       ``python bench/fedka_stability.py --replay runs/.../fedka/seed0/checkpoints/last.ckpt --client 16``
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from fl_lightning import FederatedDataModule, Federation
+from fl_lightning import losses as Lf
+from fl_lightning.context import ClientContext
+from fl_lightning.methods import FedKA, _first_per_class
+
+
+class FedKAProbe(FedKA):
+    """FedKA with the same loss, recording the anchor term's curvature and size at every local step."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.rows: list[dict[str, float]] = []
+        self._client = -1
+
+    def on_client_start(self, client: ClientContext) -> None:
+        super().on_client_start(client)
+        self._client, self._lr, self._step = client.client, client.lr, 0
+
+    def client_loss(self, x: Tensor, y: Tensor) -> Tensor:
+        ce = F.cross_entropy(self(x), y)
+        if self.anchor_x is None:
+            return ce
+        assert self.dominant is not None and self.anchor_zg is not None
+        h = self.net.features(self.anchor_x)
+        ka = Lf.ka_loss(self.net.classifier(h), self.anchor_zg, self.dominant)
+        with torch.no_grad():
+            h1 = torch.cat([h.float(), torch.ones(len(h), 1, device=h.device)], dim=1)
+            finite = bool(torch.isfinite(h1).all())
+            sigma = torch.linalg.matrix_norm(h1, ord=2).item() if finite else float("inf")
+            lam = 2 * self.beta / len(h) * sigma**2
+        rho = self.hparams.momentum
+        self.rows.append(
+            {
+                "round": self.trainer.current_epoch + 1,
+                "client": self._client,
+                "step": self._step,
+                "lr": self._lr,
+                "ce": ce.item(),
+                "l_ka": ka.item(),
+                "anchors": len(h),
+                "feature_norm_mean": h.float().norm(dim=1).mean().item(),
+                "lambda_ka": lam,
+                "stability_ratio": self._lr * lam / (2 * (1 + rho)),
+            }
+        )
+        self._step += 1
+        return ce + self.beta * ka
+
+
+def replay(dm: FederatedDataModule, ckpt: str, client: int, lr: float, orders: int) -> None:
+    """Replay ``client``'s local update (E = 5, batch 50, momentum 0.9) from the global model in ``ckpt``."""
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)
+    glob = FedKA(net="lenet")
+    glob.load_state_dict(state["state_dict"])
+    net_g = glob.net.eval()
+    t = dm.transform
+    assert t is not None
+    x, y = dm.client_data(client)
+    x = t(x, False)
+    counts = torch.bincount(y, minlength=10)
+    missing, non_dom, dominant = Lf.ka_class_groups(counts, 1 / 20)
+    shared = _first_per_class(dm.aux_y, 1)
+    anchors = [dm.aux_x[shared][torch.isin(dm.aux_y[shared], torch.nonzero(missing).flatten())]]
+    raw = dm.client_data(client)[0]
+    anchors += [raw[torch.nonzero(y == c).flatten()[:1]] for c in torch.nonzero(non_dom).flatten()]
+    ax = t(torch.cat(anchors)[:10], False)
+    with torch.no_grad():
+        azg = net_g(ax)
+    print(f"client {client}: {len(y)} samples, classes {torch.nonzero(counts).flatten().tolist()}, {len(ax)} anchors,")
+    print(f"  global model: anchor logit norm {azg.norm(dim=1).mean():.2f}, lr {lr:.5f}; {orders} batch orders each")
+    print("  beta     lr       clip  diverged  L_KA>100  median max L_KA  median final CE")
+    for beta, scale, clip in [
+        (0.0, 1, None),
+        (0.0, 0.5, None),
+        (0.1, 1, None),
+        (0.1, 0.75, None),
+        (0.1, 0.5, None),
+        (0.1, 0.25, None),
+        (0.1, 1, 10.0),
+        (0.03, 1, None),
+        (0.01, 1, None),
+        (0.001, 1, None),
+    ]:
+        peaks, finals, diverged = [], [], 0
+        for order in range(orders):
+            torch.manual_seed(order)
+            local = FedKA(net="lenet")
+            local.net.load_state_dict(net_g.state_dict())
+            net = local.net.train()
+            opt = torch.optim.SGD(net.parameters(), lr=lr * scale, momentum=0.9, weight_decay=1e-5)
+            peak, ce = 0.0, float("nan")
+            for _ in range(5):
+                for idx in torch.randperm(len(y)).split(50):
+                    ce_t = F.cross_entropy(net(x[idx]), y[idx])
+                    ka = Lf.ka_loss(net(ax), azg, dominant)
+                    loss = ce_t + beta * ka
+                    opt.zero_grad()
+                    loss.backward()
+                    if clip is not None:
+                        torch.nn.utils.clip_grad_norm_(net.parameters(), clip)
+                    opt.step()
+                    peak, ce = max(peak, ka.item()), ce_t.item()
+            ok = all(torch.isfinite(p).all() for p in net.parameters()) and ce == ce
+            diverged += not ok
+            peaks.append(peak if ok else float("inf"))
+            finals.append(ce if ok else float("inf"))
+        big = sum(p > 100 for p in peaks)
+        print(
+            f"  {beta:<7g}  {lr * scale:.5f}  {clip if clip else '-':>4}  {diverged:4d}/{orders}  {big:5d}/{orders}"
+            f"  {torch.tensor(peaks).median():15.4g}  {torch.tensor(finals).median():15.4g}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--beta", type=float, default=0.1)
+    parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--partition", default="shard", choices=["shard", "dirichlet"])
+    parser.add_argument("--out", default="runs/fedka_stability")
+    parser.add_argument("--replay", default=None, help="a FedKA checkpoint: replay one client's update from it")
+    parser.add_argument("--client", type=int, default=16, help="the client to replay")
+    parser.add_argument("--replay-lr", type=float, default=0.01 * 0.99**29, help="its lr (default: round 30's)")
+    parser.add_argument("--orders", type=int, default=10, help="random batch orders per setting")
+    args = parser.parse_args()
+    L.seed_everything(0, verbose=False)
+    dm = FederatedDataModule(
+        "fashion_mnist",
+        partition=args.partition,
+        shards_per_client=2,
+        alpha=0.1,
+        num_clients=100,
+        batch_size=50,
+        holdout_per_class=64,
+    )
+    if args.replay:
+        dm.setup("fit")
+        replay(dm, args.replay, args.client, args.replay_lr, args.orders)
+        return
+    model = FedKAProbe(net="lenet", lr=args.lr, momentum=0.9, weight_decay=1e-5, beta=args.beta, mu=10)
+    fed = Federation(rounds=args.rounds, sample_ratio=0.1, local_epochs=5, lr_decay=0.99, plots=False)
+    out = Path(args.out)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        callbacks=[fed],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(out),
+    )
+    trainer.fit(model, datamodule=dm)  # a diverged run stops itself (status "diverged")
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "steps.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(model.rows[0]))
+        writer.writeheader()
+        writer.writerows(model.rows)
+    acc = {int(h["round"]): h.get("global_acc", float("nan")) for h in fed.history}
+    print(f"FedKA beta={args.beta} lr={args.lr} {args.partition}: status {fed.status}; steps in {out / 'steps.csv'}")
+    print("round  global_acc  max_ratio  steps>1  max_L_KA   max_CE  mean_feat_norm")
+    for r in sorted({int(row["round"]) for row in model.rows}):
+        rows = [row for row in model.rows if row["round"] == r]
+        print(
+            f"{r:5d}  {acc.get(r, float('nan')):10.4f}  {max(x['stability_ratio'] for x in rows):9.2f}"
+            f"  {sum(x['stability_ratio'] > 1 for x in rows):7d}  {max(x['l_ka'] for x in rows):9.2f}"
+            f"  {max(x['ce'] for x in rows):7.2f}  {sum(x['feature_norm_mean'] for x in rows) / len(rows):14.2f}"
+        )
+    if fed.status == "diverged":
+        print("last steps before divergence: client step lr·λ_KA/(2(1+ρ)) L_KA CE feature_norm")
+        for row in model.rows[-12:]:
+            print(
+                f"  {row['client']:3d} {row['step']:4d} {row['stability_ratio']:8.2f} {row['l_ka']:12.4g}"
+                f" {row['ce']:10.4g} {row['feature_norm_mean']:10.4g}"
+            )
+
+
+if __name__ == "__main__":
+    main()
