@@ -30,6 +30,7 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.func import functional_call, jacrev
 
 from fl_lightning import FederatedDataModule, Federation
 from fl_lightning import losses as Lf
@@ -49,6 +50,25 @@ class FedKAProbe(FedKA):
         super().on_client_start(client)
         self._client, self._lr, self._step = client.client, client.lr, 0
 
+    def _anchor_curvature(self) -> float:
+        """Largest eigenvalue of β·L_KA's Gauss-Newton matrix (2β/|T|)·JᵀJ over all parameters.
+
+        J is the Jacobian of the anchors' non-dominant logits; the matrix is L_KA's exact Hessian where the local
+        logits equal the teacher's (every client's first step) and its positive part elsewhere.
+        """
+        assert self.anchor_x is not None and self.dominant is not None
+        keep = ~self.dominant
+        params = {k: v.detach() for k, v in self.net.named_parameters()}
+
+        def logits(p: dict[str, Tensor]) -> Tensor:
+            return functional_call(self.net, p, (self.anchor_x,))[:, keep]
+
+        jac = torch.cat([j.flatten(2).flatten(0, 1) for j in jacrev(logits)(params).values()], dim=1)
+        if not torch.isfinite(jac).all():
+            return float("inf")
+        top = torch.linalg.eigvalsh(jac @ jac.T)[-1].item()
+        return 2 * self.beta / len(self.anchor_x) * top
+
     def client_loss(self, x: Tensor, y: Tensor) -> Tensor:
         ce = F.cross_entropy(self(x), y)
         if self.anchor_x is None:
@@ -56,6 +76,7 @@ class FedKAProbe(FedKA):
         assert self.dominant is not None and self.anchor_zg is not None
         h = self.net.features(self.anchor_x)
         ka = Lf.ka_loss(self.net.classifier(h), self.anchor_zg, self.dominant)
+        lam_full = self._anchor_curvature()
         with torch.no_grad():
             h1 = torch.cat([h.float(), torch.ones(len(h), 1, device=h.device)], dim=1)
             finite = bool(torch.isfinite(h1).all())
@@ -74,6 +95,8 @@ class FedKAProbe(FedKA):
                 "feature_norm_mean": h.float().norm(dim=1).mean().item(),
                 "lambda_ka": lam,
                 "stability_ratio": self._lr * lam / (2 * (1 + rho)),
+                "lambda_ka_full": lam_full,
+                "stability_ratio_full": self._lr * lam_full / (2 * (1 + rho)),
             }
         )
         self._step += 1
@@ -175,6 +198,7 @@ def main() -> None:
     out = Path(args.out)
     trainer = L.Trainer(
         accelerator="cpu",
+        max_epochs=args.rounds,
         callbacks=[fed],
         logger=False,
         enable_checkpointing=False,
@@ -190,20 +214,24 @@ def main() -> None:
         writer.writerows(model.rows)
     acc = {int(h["round"]): h.get("global_acc", float("nan")) for h in fed.history}
     print(f"FedKA beta={args.beta} lr={args.lr} {args.partition}: status {fed.status}; steps in {out / 'steps.csv'}")
-    print("round  global_acc  max_ratio  steps>1  max_L_KA   max_CE  mean_feat_norm")
+    print("ratio = lr·λ/(2(1+ρ)): λ from the classifier layer only (cls) or from all parameters (full)")
+    print("round  global_acc  max_ratio_cls  max_ratio_full  steps_full>1  max_L_KA   max_CE  mean_feat_norm")
     for r in sorted({int(row["round"]) for row in model.rows}):
         rows = [row for row in model.rows if row["round"] == r]
         print(
-            f"{r:5d}  {acc.get(r, float('nan')):10.4f}  {max(x['stability_ratio'] for x in rows):9.2f}"
-            f"  {sum(x['stability_ratio'] > 1 for x in rows):7d}  {max(x['l_ka'] for x in rows):9.2f}"
+            f"{r:5d}  {acc.get(r, float('nan')):10.4f}  {max(x['stability_ratio'] for x in rows):13.2f}"
+            f"  {max(x['stability_ratio_full'] for x in rows):14.2f}"
+            f"  {sum(x['stability_ratio_full'] > 1 for x in rows):12d}  {max(x['l_ka'] for x in rows):9.2f}"
             f"  {max(x['ce'] for x in rows):7.2f}  {sum(x['feature_norm_mean'] for x in rows) / len(rows):14.2f}"
         )
     if fed.status == "diverged":
-        print("last steps before divergence: client step lr·λ_KA/(2(1+ρ)) L_KA CE feature_norm")
-        for row in model.rows[-12:]:
+        last = model.rows[-1]["client"]
+        rows = [row for row in model.rows if row["client"] == last and row["round"] == model.rows[-1]["round"]]
+        print(f"the diverging client {last}'s first steps: step ratio_cls ratio_full L_KA CE feature_norm")
+        for row in rows[:14]:
             print(
-                f"  {row['client']:3d} {row['step']:4d} {row['stability_ratio']:8.2f} {row['l_ka']:12.4g}"
-                f" {row['ce']:10.4g} {row['feature_norm_mean']:10.4g}"
+                f"  {row['step']:4d} {row['stability_ratio']:8.2f} {row['stability_ratio_full']:8.2f}"
+                f" {row['l_ka']:12.4g} {row['ce']:10.4g} {row['feature_norm_mean']:10.4g}"
             )
 
 

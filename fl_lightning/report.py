@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import shutil
 from collections import defaultdict
 from collections.abc import Sequence
@@ -86,6 +87,7 @@ def summarize(runs: Sequence[RunRef], baseline: str) -> list[dict[str, Any]]:
         reached = [h for h in reach if h is not None]
         mean_rounds = float(np.mean(reached)) if reached and len(reached) == len(reach) else None
         base_rounds = float(np.mean([h for h in base_reach if h is not None])) if base_reach else None
+        diverged = [r for r in results if r["summary"].get("status") == "diverged"]
         out.append(
             {
                 "setting": setting,
@@ -103,9 +105,22 @@ def summarize(runs: Sequence[RunRef], baseline: str) -> list[dict[str, Any]]:
                 "target": target,
                 "rounds_to_target": mean_rounds,
                 "speedup": (base_rounds / mean_rounds) if (mean_rounds and base_rounds) else None,
+                "diverged_round": [_divergence_round(r) for r in diverged],
+                "best_before_divergence": [
+                    max((x["global_acc"] for x in r["rows"] if math.isfinite(x["global_acc"])), default=math.nan)
+                    for r in diverged
+                ],
             }
         )
     return out
+
+
+def _divergence_round(run: dict[str, Any]) -> int:
+    """The round a diverged run failed in: its first non-finite accuracy, else the round after its last row."""
+    for x in run["rows"]:
+        if not math.isfinite(x["global_acc"]):
+            return int(x["round"])
+    return int(run["summary"].get("rounds_done", len(run["rows"]))) + 1
 
 
 def _table_rows(summary: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
@@ -123,12 +138,30 @@ def _table_rows(summary: list[dict[str, Any]]) -> tuple[list[str], list[list[str
     ]
     rows = []
     for s in summary:
-        if s["status"] == "diverged" or not s["completed"]:
+        if s["status"] == "diverged":
+            best = [b for b in s["best_before_divergence"] if math.isfinite(b)]
+            rounds = ", ".join(str(r) for r in s["diverged_round"])
             rows.append(
                 [
                     s["setting"],
                     s["method"],
-                    "diverged" if s["status"] == "diverged" else s["status"],
+                    f"diverged in round {rounds}",
+                    f"{fmt(best)} before" if best else "",
+                    "",
+                    "",
+                    "",
+                    "",
+                    "",
+                    s["status"],
+                ]
+            )
+            continue
+        if not s["completed"]:
+            rows.append(
+                [
+                    s["setting"],
+                    s["method"],
+                    s["status"],
                     "",
                     "",
                     "",

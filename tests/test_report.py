@@ -83,6 +83,8 @@ def test_summary_mean_std_rounds_and_speedup(comparison):
     assert rows["fedntd"]["speedup"] == pytest.approx(2.0)
     assert mean_std(rows["fedntd"]["final_acc"]) == (0.7, 0.1414)
     assert rows["broken"]["status"] == "diverged"
+    assert rows["broken"]["diverged_round"] == [2]  # its first non-finite accuracy
+    assert rows["broken"]["best_before_divergence"] == [0.1]
 
 
 def test_report_files(comparison):
@@ -91,7 +93,7 @@ def test_report_files(comparison):
     md = (out / "results.md").read_text()
     assert "| s | fedntd | 70.00 ± 14.14 | 75.00 ± 7.07 |" in md
     assert "2.00x" in md
-    assert "diverged" in md
+    assert "| s | broken | diverged in round 2 | 10.00 before |" in md
     with open(out / "results.csv") as f:
         rows = list(csv.reader(f))
     assert rows[0][:3] == ["setting", "method", "final acc (%)"] and len(rows) == 4
