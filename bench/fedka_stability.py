@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import math
 from pathlib import Path
 from typing import Any
 
@@ -124,7 +125,7 @@ def replay(dm: FederatedDataModule, ckpt: str, client: int, lr: float, orders: i
         azg = net_g(ax)
     print(f"client {client}: {len(y)} samples, classes {torch.nonzero(counts).flatten().tolist()}, {len(ax)} anchors,")
     print(f"  global model: anchor logit norm {azg.norm(dim=1).mean():.2f}, lr {lr:.5f}; {orders} batch orders each")
-    print("  beta     lr       clip  diverged  L_KA>100  median max L_KA  median final CE")
+    print("  beta     lr       clip  diverged  L_KA>100  median max L_KA  median final CE  median |g|  steps |g|>10")
     for beta, scale, clip in [
         (0.0, 1, None),
         (0.0, 0.5, None),
@@ -137,7 +138,7 @@ def replay(dm: FederatedDataModule, ckpt: str, client: int, lr: float, orders: i
         (0.01, 1, None),
         (0.001, 1, None),
     ]:
-        peaks, finals, diverged = [], [], 0
+        peaks, finals, norms, diverged = [], [], [], 0
         for order in range(orders):
             torch.manual_seed(order)
             local = FedKA(net="lenet")
@@ -152,8 +153,8 @@ def replay(dm: FederatedDataModule, ckpt: str, client: int, lr: float, orders: i
                     loss = ce_t + beta * ka
                     opt.zero_grad()
                     loss.backward()
-                    if clip is not None:
-                        torch.nn.utils.clip_grad_norm_(net.parameters(), clip)
+                    norm = torch.nn.utils.clip_grad_norm_(net.parameters(), clip if clip is not None else math.inf)
+                    norms.append(norm.item())
                     opt.step()
                     peak, ce = max(peak, ka.item()), ce_t.item()
             ok = all(torch.isfinite(p).all() for p in net.parameters()) and ce == ce
@@ -164,6 +165,8 @@ def replay(dm: FederatedDataModule, ckpt: str, client: int, lr: float, orders: i
         print(
             f"  {beta:<7g}  {lr * scale:.5f}  {clip if clip else '-':>4}  {diverged:4d}/{orders}  {big:5d}/{orders}"
             f"  {torch.tensor(peaks).median():15.4g}  {torch.tensor(finals).median():15.4g}"
+            f"  {torch.tensor(norms).nan_to_num(math.inf).median():10.3g}"
+            f"  {100 * sum(n > 10 for n in norms) / len(norms):10.1f}%"
         )
 
 

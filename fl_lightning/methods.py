@@ -239,6 +239,11 @@ class FedKA(FedAvg):
     non-dominant class (at most μ in all); L = CE + β·(1/|T|)·Σ_{x∈T} ‖Φ(z_g(x)) − Φ(z(x))‖², Φ dropping the
     dominant classes' logits.
 
+    L_KA is an unbounded squared-logit penalty: its curvature (2β/|T|)·σ_max(J)², J the Jacobian of the anchors'
+    logits, grows with the network's scale, and once lr times it exceeds 2(1 + momentum) local SGD diverges. With
+    LeNet on Fashion-MNIST at the paper's lr 0.01 that happens by round 30 for β = 0.1 (``bench/fedka_stability.py``
+    measures it); ``clip_grad_norm`` keeps such runs finite.
+
     Args:
         beta: anchor-loss weight β.
         gamma: dominance threshold γ on label fractions (default 1/(2C)).

@@ -35,6 +35,9 @@ class FedAvg(L.LightningModule):
             ``on_before_backward``/``on_after_backward``/``on_before_optimizer_step`` hooks fire. Off by default on a
             single device without a gradient scaler, where calling backward and the optimizer directly is cheaper
             (see ``bench/``); always on with a gradient scaler (``16-mixed``) or a distributed strategy.
+        clip_grad_norm: clip every local step's gradient to this total L2 norm (``None``: no clipping, as in every
+            paper). Not part of any method; it keeps unbounded regularisers stable where the paper's step size is
+            not (FedKA on LeNet/Fashion-MNIST, see the README).
     """
 
     #: Short name used in results and tables.
@@ -56,6 +59,7 @@ class FedAvg(L.LightningModule):
         momentum: float = 0.9,
         weight_decay: float = 1e-5,
         step_hooks: bool = False,
+        clip_grad_norm: float | None = None,
     ) -> None:
         super().__init__()
         if net not in MODELS:
@@ -64,6 +68,8 @@ class FedAvg(L.LightningModule):
             raise ValueError(f"lr must be positive, got {lr}")
         if not 0 <= momentum < 1:
             raise ValueError(f"momentum must be in [0, 1), got {momentum}")
+        if clip_grad_norm is not None and clip_grad_norm <= 0:
+            raise ValueError(f"clip_grad_norm must be positive (or None for no clipping), got {clip_grad_norm}")
         self.save_hyperparameters()
         # Manual optimization: one explicit step per batch is both what FL local training is and measurably cheaper
         # than Lightning's closure machinery on small CPU models (see bench/).
@@ -111,6 +117,7 @@ class FedAvg(L.LightningModule):
         if self._direct_step:
             loss.backward()
             self.before_local_step()
+            self._clip_gradients()
             # Lightning's own step bookkeeping (global_step, which checkpointing keys on), without its hook chain.
             opt._on_before_step()
             opt.optimizer.step()
@@ -126,6 +133,14 @@ class FedAvg(L.LightningModule):
         scaler = getattr(self.trainer.precision_plugin, "scaler", None)
         single = isinstance(self.trainer.strategy, SingleDeviceStrategy)
         self._direct_step = not self.hparams.get("step_hooks", False) and scaler is None and single
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """With ``step_hooks`` (or a gradient scaler), clip here: Lightning has unscaled the gradients by now."""
+        self._clip_gradients()
+
+    def _clip_gradients(self) -> None:
+        if self.hparams.get("clip_grad_norm") is not None:
+            torch.nn.utils.clip_grad_norm_(self.parameters(), self.hparams.clip_grad_norm)
 
     def before_local_step(self) -> None:
         """Called between the backward pass and the optimizer step (e.g. to correct gradients)."""

@@ -315,3 +315,22 @@ def test_client_batches_are_the_per_batch_sequence():
     assert len(per_client[0].x) == dm.client_sizes[clients[0]]
     doubled = per_client[0].with_transform(lambda x: x.float() * 2)
     assert torch.equal(next(iter(doubled))[0], nested[0][0].float() * 2)
+
+
+class _StartWeights(L.Callback):
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.start = torch.cat([p.detach().flatten().clone() for p in pl_module.parameters()])
+
+
+@pytest.mark.parametrize("step_hooks", [False, True])
+def test_clip_grad_norm_bounds_every_local_step(tmp_path, step_hooks):
+    # Without momentum or weight decay, a clipped SGD step moves the weights by at most lr * clip, so one round of
+    # averaged local updates moves the global model by at most lr * clip * (the most local steps of any client).
+    clip, start = 1e-4, _StartWeights()
+    kwargs = {"momentum": 0.0, "weight_decay": 0.0, "clip_grad_norm": clip, "step_hooks": step_hooks}
+    _, _, model = tiny_run(tmp_path, rounds=1, callbacks=[start], model_kwargs=kwargs)
+    moved = (torch.cat([p.detach().flatten() for p in model.parameters()]) - start.start).norm().item()
+    steps = max(math.ceil(len(idx) / 32) for idx in model.trainer.datamodule.client_indices)
+    assert 0 < moved <= 0.05 * clip * steps * (1 + 1e-5)
+    with pytest.raises(ValueError, match="clip_grad_norm"):
+        FedAvg(clip_grad_norm=0.0)
