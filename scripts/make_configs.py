@@ -41,7 +41,7 @@ NTD_PARTITIONS = {
 }
 
 FEDKA_NOTE = (
-    "\n# With the paper's defaults FedKA diverges in this setting (round 30; README, 'FedKA: a step-size instability')."
+    "\n# With the paper's defaults FedKA diverges in this setting (round 30; see the README's FedKA section)."
     "\n# Add --model.init_args.clip_grad_norm 10 (not in the paper) to keep it finite."
 )
 
