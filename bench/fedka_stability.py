@@ -30,6 +30,7 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
+from _setting import fmnist_ntd_datamodule  # bench/ is on sys.path when run as a script
 from torch import Tensor
 from torch.func import functional_call, jacrev
 
@@ -183,15 +184,7 @@ def main() -> None:
     parser.add_argument("--orders", type=int, default=10, help="random batch orders per setting")
     args = parser.parse_args()
     L.seed_everything(0, verbose=False)
-    dm = FederatedDataModule(
-        "fashion_mnist",
-        partition=args.partition,
-        shards_per_client=2,
-        alpha=0.1,
-        num_clients=100,
-        batch_size=50,
-        holdout_per_class=64,
-    )
+    dm = fmnist_ntd_datamodule(args.partition)
     if args.replay:
         dm.setup("fit")
         replay(dm, args.replay, args.client, args.replay_lr, args.orders)

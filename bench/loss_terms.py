@@ -17,8 +17,9 @@ import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
+from _setting import fmnist_ntd_datamodule  # bench/ is on sys.path when run as a script
 
-from fl_lightning import FedAvg, FederatedDataModule, Federation
+from fl_lightning import FedAvg, Federation
 from fl_lightning import losses as Lf
 from fl_lightning.methods import _first_per_class
 
@@ -32,15 +33,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=5)
     args = parser.parse_args()
     L.seed_everything(0, verbose=False)
-    dm = FederatedDataModule(
-        "fashion_mnist",
-        partition=args.partition,
-        shards_per_client=2,
-        alpha=0.1,
-        num_clients=100,
-        batch_size=50,
-        holdout_per_class=64,
-    )
+    dm = fmnist_ntd_datamodule(args.partition)
     dm.setup("fit")
     model = FedAvg(net="lenet", num_classes=10, in_channels=1, image_size=28)
     if args.ckpt:

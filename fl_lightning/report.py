@@ -138,39 +138,13 @@ def _table_rows(summary: list[dict[str, Any]]) -> tuple[list[str], list[list[str
     ]
     rows = []
     for s in summary:
-        if s["status"] == "diverged":
-            best = [b for b in s["best_before_divergence"] if math.isfinite(b)]
-            rounds = ", ".join(str(r) for r in s["diverged_round"])
-            rows.append(
-                [
-                    s["setting"],
-                    s["method"],
-                    f"diverged in round {rounds}",
-                    f"{fmt(best)} before" if best else "",
-                    "",
-                    "",
-                    "",
-                    "",
-                    "",
-                    s["status"],
-                ]
-            )
-            continue
-        if not s["completed"]:
-            rows.append(
-                [
-                    s["setting"],
-                    s["method"],
-                    s["status"],
-                    "",
-                    "",
-                    "",
-                    "",
-                    "",
-                    "",
-                    s["status"],
-                ]
-            )
+        if s["status"] == "diverged" or not s["completed"]:
+            final, best_cell = s["status"], ""
+            if s["status"] == "diverged":
+                best = [b for b in s["best_before_divergence"] if math.isfinite(b)]
+                final = "diverged in round " + ", ".join(str(r) for r in s["diverged_round"])
+                best_cell = f"{fmt(best)} before" if best else ""
+            rows.append([s["setting"], s["method"], final, best_cell, "", "", "", "", "", s["status"]])
             continue
         rows.append(
             [
