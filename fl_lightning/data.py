@@ -142,17 +142,13 @@ class RoundBatches:
             for start in range(0, stop, bs):
                 yield perm[start : start + bs]
 
-    def client_batches(self, client: int) -> Iterator[tuple[Tensor, Tensor]]:
-        """A client's local batches of this round, in training order."""
-        idx = self.client_indices[client]
-        for pos in self._positions(client):
-            batch = idx[pos]
-            yield self.x[batch], self.y[batch]
-
     def batches(self) -> Iterator[tuple[Tensor, Tensor]]:
-        """Every local batch of the round, client after client (for hand-written loops)."""
+        """Every local batch of the round, client after client, gathered from the full data (for hand-written loops)."""
         for client in self.plan.clients:
-            yield from self.client_batches(client)
+            idx = self.client_indices[client]
+            for pos in self._positions(client):
+                batch = idx[pos]
+                yield self.x[batch], self.y[batch]
 
 
 class FederatedDataModule(L.LightningDataModule):

@@ -80,6 +80,7 @@ class FedAvg(L.LightningModule):
         # Kept in a list so that the teacher is neither a submodule nor part of the state dict.
         self._teacher: list[nn.Module] = []
         self._direct_step = False
+        self._clip_grad_norm = clip_grad_norm
 
     def forward(self, x: Tensor) -> Tensor:
         """Class logits."""
@@ -139,8 +140,8 @@ class FedAvg(L.LightningModule):
         self._clip_gradients()
 
     def _clip_gradients(self) -> None:
-        if self.hparams.get("clip_grad_norm") is not None:
-            torch.nn.utils.clip_grad_norm_(self.parameters(), self.hparams.clip_grad_norm)
+        if self._clip_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(self.parameters(), self._clip_grad_norm)
 
     def before_local_step(self) -> None:
         """Called between the backward pass and the optimizer step (e.g. to correct gradients)."""
