@@ -102,13 +102,13 @@ class FedLMD(FedAvg):
         self.majority: Tensor | None = None
         self._use_teacher = not teacher_free
 
+    def teacher_needed(self, client: ClientContext) -> bool:
+        """FedLMD uses the teacher; FedLMD-Tf only from ``switch_round`` on."""
+        return not self.teacher_free or (self.switch_round is not None and client.round >= self.switch_round)
+
     def on_client_start(self, client: ClientContext) -> None:
         """Majority labels from the client's counts; decide FedLMD or FedLMD-Tf for this round."""
-        self._use_teacher = not self.teacher_free or (
-            self.switch_round is not None and client.round >= self.switch_round
-        )
-        self.uses_teacher = self._use_teacher
-        super().on_client_start(client)
+        self._use_teacher = self.teacher_needed(client)
         self.majority = losses.majority_mask(client.class_counts).to(self.device)
 
     def client_loss(self, x: Tensor, y: Tensor) -> Tensor:
@@ -160,8 +160,12 @@ class FedSSD(FedAvg):
         super().__init__(**kwargs)
         self.m_max = m_max
         self.aux_per_class = aux_per_class
-        self.holdout_per_class_required = aux_per_class
         self.credibility: Tensor | None = None
+
+    @property
+    def holdout_per_class_required(self) -> int:
+        """FedSSD's auxiliary set: ``aux_per_class`` held-out samples per class."""
+        return self.aux_per_class
 
     @torch.no_grad()
     def on_round_start(self, server: ServerContext) -> dict[str, Any]:
@@ -180,7 +184,6 @@ class FedSSD(FedAvg):
 
     def on_client_start(self, client: ClientContext) -> None:
         """Receive the round's credibility matrix."""
-        super().on_client_start(client)
         self.credibility = client.server["credibility"].to(self.device)
 
     def client_loss(self, x: Tensor, y: Tensor) -> Tensor:
@@ -217,7 +220,6 @@ class FedCAD(FedAvg):
 
     def on_client_start(self, client: ClientContext) -> None:
         """Class weights α from the global model's predictions on the client's own data."""
-        super().on_client_start(client)
         logits, targets = [], []
         for xb, yb in client.batches():
             logits.append(self.teacher_logits(xb).float())
@@ -272,7 +274,6 @@ class FedKA(FedAvg):
 
     def on_client_start(self, client: ClientContext) -> None:
         """Build this round's anchor set and its teacher logits."""
-        super().on_client_start(client)
         missing, non_dominant, dominant = losses.ka_class_groups(client.class_counts, self.gamma)
         self.dominant = dominant.to(self.device)
         shared_x, shared_y = client.server["shared_x"], client.server["shared_y"]
@@ -319,7 +320,6 @@ class FedProx(FedAvg):
 
     def on_client_start(self, client: ClientContext) -> None:
         """Keep a copy of the global parameters."""
-        super().on_client_start(client)
         self._global_params = [p.detach().clone() for p in self.parameters()]
 
     def client_loss(self, x: Tensor, y: Tensor) -> Tensor:
@@ -347,7 +347,6 @@ class FedRS(FedAvg):
 
     def on_client_start(self, client: ClientContext) -> None:
         """The classes this client holds."""
-        super().on_client_start(client)
         self.present = (client.class_counts > 0).to(self.device)
 
     def client_loss(self, x: Tensor, y: Tensor) -> Tensor:
