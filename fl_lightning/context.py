@@ -34,7 +34,8 @@ class ServerContext:
         clients: the clients sampled this round (sorted).
         weights: their aggregation weights p_k (sample-size or uniform, per ``--federation.aggregation``), sum 1.
         num_clients: N, the number of clients in the federation.
-        global_weights: the module's state dict at the start of the round (on the device; do not modify).
+        global_weights: the global model's state dict this round (on the device; do not modify); filled in right
+            after ``on_round_start``, so that what that hook sets in the module reaches every client.
         param_keys: the state-dict keys of trainable parameters (the other keys are buffers).
         state: the method's persistent server state (checkpointed; tensors on the device).
         aux_x: the server's held-out images (uint8), ``holdout_per_class`` per class; never given to clients.

@@ -8,7 +8,6 @@ round measures goes to a :class:`~fl_lightning.recorder.RunRecorder`, which owns
 
 from __future__ import annotations
 
-import bisect
 import math
 import time
 from dataclasses import dataclass, field
@@ -303,7 +302,6 @@ class Federation(Callback):
             for group in opt.param_groups:
                 group.setdefault("fl_initial_lr", group["lr"])
                 group["lr"] = group["fl_initial_lr"] * plan.lr_scale
-        global_weights = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
         sizes = self.dm.client_sizes
         weights = aggregation_weights([sizes[c] for c in plan.clients], self.aggregation)
         server = ServerContext(
@@ -311,7 +309,7 @@ class Federation(Callback):
             clients=plan.clients,
             weights=tuple(weights),
             num_clients=self.dm.num_clients,
-            global_weights=global_weights,
+            global_weights={},
             param_keys=frozenset(_parameter_keys(pl_module)),
             state=self.server_state,
             aux_x=self.dm.aux_x,
@@ -322,6 +320,9 @@ class Federation(Callback):
             device=pl_module.device,
         )
         payload = pl_module.on_round_start(server) if self._hooks else {}
+        # Snapshot after the hook, so that whatever it set in the module reaches every client of the round.
+        global_weights = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
+        server.global_weights = global_weights
         received = self.evaluate(pl_module, trainer)[2] if self.eval_local else np.zeros(0)
         self._round = _Round(
             plan=plan,

@@ -23,8 +23,9 @@ warnings.filterwarnings("ignore")
 
 
 def fit(method: str, run_dir: Path, devices: int, rounds: int, ckpt_path: str | None) -> None:
-    dm = FederatedDataModule("digits", num_clients=6, partition="dirichlet", alpha=0.5, batch_size=32,
-                             holdout_per_class=2, seed=0)
+    dm = FederatedDataModule(
+        "digits", num_clients=6, partition="dirichlet", alpha=0.5, batch_size=32, holdout_per_class=2, seed=0
+    )
     L.seed_everything(0, verbose=False)
     model = METHODS[method](net="lenet", num_classes=10, in_channels=1, image_size=8, lr=0.05)
     trainer = L.Trainer(
@@ -32,8 +33,10 @@ def fit(method: str, run_dir: Path, devices: int, rounds: int, ckpt_path: str | 
         devices=devices,
         strategy="ddp" if devices > 1 else "auto",
         max_epochs=rounds,
-        callbacks=[Federation(rounds=rounds, sample_ratio=0.5, local_epochs=2, plots=False),
-                   ModelCheckpoint(dirpath=run_dir / "checkpoints", save_last=True, save_top_k=0)],
+        callbacks=[
+            Federation(rounds=rounds, sample_ratio=0.5, local_epochs=2, plots=False),
+            ModelCheckpoint(dirpath=run_dir / "checkpoints", save_last=True, save_top_k=0),
+        ],
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,

@@ -1,0 +1,77 @@
+"""The server side of a round: uploads, the server step, and state that outlives a round (in memory or on disk)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from helpers import tiny_run
+
+from fl_lightning import FedAvg
+from fl_lightning.context import ClientContext, ServerContext
+from fl_lightning.state import ClientStateStore
+
+
+class Probe(FedAvg):
+    """Uploads its client id and a count; keeps a visit counter per client and a round counter on the server."""
+
+    method_name = "probe"
+    upload_reduce = {"count": "sum"}
+    seen: list[dict[str, Any]] = []
+
+    def on_round_start(self, server: ServerContext) -> dict[str, Any]:
+        server.state["rounds"] = server.state.get("rounds", torch.tensor(0)) + 1
+        self.net.classifier.bias.data.fill_(0.5)  # set by the server before the round: every client must see it
+        return {"rounds": int(server.state["rounds"])}
+
+    def on_client_start(self, client: ClientContext) -> None:
+        assert torch.all(self.net.classifier.bias == 0.5)
+        assert torch.all(client.global_weights["net.classifier.bias"] == 0.5)
+        client.state["visits"] = client.state.get("visits", torch.tensor(0)) + 1
+
+    def on_client_end(self, client: ClientContext) -> dict[str, torch.Tensor]:
+        assert client.state["visits"].device == self.device
+        return {"count": torch.tensor(1.0), "id": torch.tensor(float(client.client))}
+
+    def server_update(self, server: ServerContext, average: dict, uploads: dict) -> dict:
+        type(self).seen.append(
+            {"clients": server.clients, "weights": server.weights, **{k: float(v) for k, v in uploads.items()}}
+        )
+        return average
+
+
+@pytest.mark.parametrize("client_state_mb", [None, 0.0])
+def test_uploads_server_state_and_client_state(tmp_path, client_state_mb) -> None:
+    Probe.seen = []
+    rounds = 4
+    _, fed, _ = tiny_run(
+        tmp_path, method=Probe, rounds=rounds, fed_kwargs={"sample_ratio": 0.6, "client_state_mb": client_state_mb}
+    )
+    assert len(Probe.seen) == rounds
+    for entry in Probe.seen:
+        assert entry["count"] == len(entry["clients"])  # "sum" keys add up
+        expected = sum(w * c for w, c in zip(entry["weights"], entry["clients"], strict=True))
+        assert entry["id"] == pytest.approx(expected)  # other keys are p_k-weighted
+    assert int(fed.server_state["rounds"]) == rounds
+    visits = {c: sum(c in fed.plan(r).clients for r in range(rounds)) for c in range(5)}
+    stored = {c: int(state["visits"]) for c, state in fed.client_states.items()}
+    assert stored == {c: n for c, n in visits.items() if n}
+    if client_state_mb == 0.0:
+        assert fed.client_states.memory_bytes == 0
+        assert sorted(p.name for p in (tmp_path / "client_state").iterdir()) == sorted(f"client_{c}.pt" for c in stored)
+
+
+def test_client_state_store_spills_past_its_budget(tmp_path) -> None:
+    store = ClientStateStore(max_memory_mb=1.5 / 1024, spill_dir=tmp_path)  # 1.5 KiB
+    one_kib = {"c": torch.zeros(256)}
+    store.put(0, one_kib)
+    store.put(1, {"c": torch.ones(256)})  # over the budget: to disk
+    assert store.memory_bytes == 1024 and (tmp_path / "client_1.pt").exists()
+    assert torch.equal(store.get(1)["c"], torch.ones(256))
+    assert set(store.state_dict()) == {0, 1}
+    restored = ClientStateStore()
+    restored.load_state_dict(store.state_dict())
+    assert torch.equal(restored.get(1)["c"], torch.ones(256)) and len(restored) == 2
+    with pytest.raises(ValueError, match="spill"):
+        ClientStateStore(max_memory_mb=1)
