@@ -209,9 +209,8 @@ def main() -> None:
         writer.writeheader()
         writer.writerows(model.rows)
     acc = {int(h["round"]): h.get("global_acc", float("nan")) for h in fed.recorder.history}
-    print(
-        f"FedKA beta={args.beta} lr={args.lr} {args.partition}: status {fed.recorder.status}; steps in {out / 'steps.csv'}"
-    )
+    status = fed.recorder.status
+    print(f"FedKA beta={args.beta} lr={args.lr} {args.partition}: status {status}; steps in {out / 'steps.csv'}")
     print("ratio = lr·λ/(2(1+ρ)): λ from the classifier layer only (cls) or from all parameters (full)")
     print("round  global_acc  max_ratio_cls  max_ratio_full  steps_full>1  max_L_KA   max_CE  mean_feat_norm")
     for r in sorted({int(row["round"]) for row in model.rows}):

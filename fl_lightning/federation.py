@@ -206,8 +206,8 @@ class Federation(Callback):
         self._check_trainer(trainer, pl_module)
         if trainer.world_size > 1 and not self._client_batches:
             raise TypeError(
-                "several processes need an fl_lightning method module (FedAvg or a subclass); "
-                f"{type(pl_module).__name__} trains per-step batches, which cannot be padded to keep the processes in step: use one device"
+                f"several processes need an fl_lightning method (FedAvg or a subclass); {type(pl_module).__name__} "
+                "trains per-step batches, which cannot be padded to keep processes in step: use one device"
             )
         need = pl_module.holdout_per_class_required if self._hooks else 0
         if dm.holdout_per_class < need:
