@@ -3,6 +3,7 @@ functions and through the method's hooks called directly (hand-made contexts, no
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -461,8 +462,6 @@ def test_bad_hyperparameters(cls, kwargs, match):
 
 
 def test_select_by_class_name_on_the_command_line():
-    from pathlib import Path
-
     from fl_lightning.cli import cli_main
 
     root = Path(__file__).resolve().parent.parent
@@ -542,3 +541,18 @@ def test_interrupted_run_resumes_identically(tmp_path, name):
     assert _metrics(resumed) == _metrics(full)
     for key, value in full_model.state_dict().items():
         assert torch.equal(resumed_model.state_dict()[key], value), key
+
+
+def test_baseline_configs_exist_and_name_the_method():
+    import yaml
+
+    root = Path(__file__).resolve().parent.parent
+    for name, cls in BASELINES.items():
+        for setting in ("fmnist_shard2", "fmnist_lda01", "cifar10_shard2", "cifar10_dir05"):
+            config = yaml.safe_load((root / "configs" / f"{name}_{setting}.yaml").read_text())
+            assert config["model"]["class_path"] == f"fl_lightning.methods.{cls.__name__}"
+    for name in ("scaffold", "fednova"):
+        config = yaml.safe_load((root / "configs" / f"{name}_fmnist_lda005.yaml").read_text())
+        assert config["data"]["alpha"] == 0.05
+    compare = yaml.safe_load((root / "configs/compare/fmnist_ntd_setting.yaml").read_text())
+    assert set(BASELINES) <= set(compare["methods"])
