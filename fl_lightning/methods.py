@@ -615,7 +615,8 @@ class MOON(FedAvg):
 
     def on_client_end(self, client: ClientContext) -> None:
         """Keep the local model as this client's previous model."""
-        client.state["prev"] = {k: v.detach().clone() for k, v in self.state_dict().items()}
+        # Straight to the CPU: a nested dict may not be among the state tensors the callback moves off the device.
+        client.state["prev"] = {k: v.detach().to("cpu", copy=True) for k, v in self.state_dict().items()}
 
 
 class FedCurv(FedAvg):
@@ -675,7 +676,9 @@ class FedCurv(FedAvg):
         pick = torch.randperm(n, generator=client.generator)[: self.fisher_samples] if n > self.fisher_samples else None
         x, y = (client.x, client.y) if pick is None else (client.x[pick], client.y[pick])
         inputs = client.transform(x.to(self.device), False)
-        fisher = losses.diagonal_fisher(self.net, inputs, y.to(self.device), batch_size=64)
+        # Per-sample gradients take chunk x model size: at most 64 samples and about 2^28 floats (1 GiB) at a time.
+        chunk = max(1, min(64, 2**28 // max(1, sum(p.numel() for p in self.net.parameters()))))
+        fisher = losses.diagonal_fisher(self.net, inputs, y.to(self.device), batch_size=chunk)
         f_k = torch.cat([fisher[name[len("net.") :]].reshape(-1) for name, _ in self.named_parameters()])
         w_k = _param_vector(self).float()
         client.state.update(fisher=f_k, weights=w_k, round=client.round)
