@@ -317,7 +317,7 @@ def test_moon_head_is_part_of_the_model_and_previous_model_is_client_state():
     module.on_client_start(ctx)
     # the first time, the previous model is the global one: h = h_g = h_prev, ℓ_con = log 2
     moon = module.client_loss(x, y) - F.cross_entropy(module(x), y)
-    assert float(moon) == pytest.approx(float(torch.log(torch.tensor(2.0))), rel=1e-5)
+    assert moon.item() == pytest.approx(float(torch.log(torch.tensor(2.0))), rel=1e-5)
     with torch.no_grad():
         for p in module.parameters():
             p.add_(0.1 * torch.randn_like(p))
@@ -423,12 +423,12 @@ def test_fedcurv_client_uploads_and_excludes_its_own_contribution():
     set_params(module, w)
     xb, yb = torch.randn(2, 2), torch.tensor([0, 1])
     penalty = module.client_loss(xb, yb) - F.cross_entropy(module(xb), yb)
-    assert float(penalty) == pytest.approx(0.1 * float((other_f * (w - other_w) ** 2).sum()), rel=1e-4)
+    assert penalty.item() == pytest.approx(0.1 * float((other_f * (w - other_w) ** 2).sum()), rel=1e-4)
     # a client that was not in the previous round sees every contribution
     module.on_client_start(client_ctx(w_g, round=3, server=payload, state={}))
     penalty = module.client_loss(xb, yb) - F.cross_entropy(module(xb), yb)
     full = (other_f * (w - other_w) ** 2).sum() + (f_k * (w - w_k) ** 2).sum()
-    assert float(penalty) == pytest.approx(0.1 * float(full), rel=1e-4)
+    assert penalty.item() == pytest.approx(0.1 * float(full), rel=1e-4)
 
 
 def test_fedcurv_first_round_is_fedavg():
@@ -532,6 +532,7 @@ def _metrics(fed):
 
 
 @needs_plumbing
+@pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")
 @pytest.mark.parametrize("name", sorted(METHODS))
 def test_interrupted_run_resumes_identically(tmp_path, name):
     kwargs = {
