@@ -68,7 +68,7 @@ def run_project(dataset: str, rounds: int, seed: int) -> list[float]:
             default_root_dir=tmp,
         )
         trainer.fit(model, datamodule=dm)
-    return [row["round_seconds"] for row in fed.history[1:]]
+    return [row["round_seconds"] for row in fed.recorder.history[1:]]
 
 
 def run_plain(dataset: str, rounds: int, seed: int) -> list[float]:

@@ -208,8 +208,8 @@ def main() -> None:
         writer = csv.DictWriter(f, fieldnames=list(model.rows[0]))
         writer.writeheader()
         writer.writerows(model.rows)
-    acc = {int(h["round"]): h.get("global_acc", float("nan")) for h in fed.history}
-    print(f"FedKA beta={args.beta} lr={args.lr} {args.partition}: status {fed.status}; steps in {out / 'steps.csv'}")
+    acc = {int(h["round"]): h.get("global_acc", float("nan")) for h in fed.recorder.history}
+    print(f"FedKA beta={args.beta} lr={args.lr} {args.partition}: status {fed.recorder.status}; steps in {out / 'steps.csv'}")
     print("ratio = lr·λ/(2(1+ρ)): λ from the classifier layer only (cls) or from all parameters (full)")
     print("round  global_acc  max_ratio_cls  max_ratio_full  steps_full>1  max_L_KA   max_CE  mean_feat_norm")
     for r in sorted({int(row["round"]) for row in model.rows}):
@@ -220,7 +220,7 @@ def main() -> None:
             f"  {sum(x['stability_ratio_full'] > 1 for x in rows):12d}  {max(x['l_ka'] for x in rows):9.2f}"
             f"  {max(x['ce'] for x in rows):7.2f}  {sum(x['feature_norm_mean'] for x in rows) / len(rows):14.2f}"
         )
-    if fed.status == "diverged":
+    if fed.recorder.status == "diverged":
         last = model.rows[-1]["client"]
         rows = [row for row in model.rows if row["client"] == last and row["round"] == model.rows[-1]["round"]]
         print(f"the diverging client {last}'s first steps: step ratio_cls ratio_full L_KA CE feature_norm")

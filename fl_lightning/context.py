@@ -1,8 +1,10 @@
 """What the server hands to a method each round (:class:`ServerContext`) and to each client (:class:`ClientContext`).
 
-These two objects are the only channel between the federation and a method: server-side state such as FedSSD's
-credibility matrix or FedKA's shared set is returned by the method's ``on_round_start`` and delivered to every
-client of the round in ``ClientContext.server``.
+These two objects are the only channel between the federation and a method. Down: what the method's
+``on_round_start`` returns (FedSSD's credibility matrix, SCAFFOLD's server control) reaches every client of the round
+as ``ClientContext.server``. Up: what ``on_client_end`` returns (SCAFFOLD's control delta, FedCurv's Fisher) is
+reduced over the round's clients and handed to ``server_update``. State that outlives a round lives in
+``ServerContext.state`` (server) and ``ClientContext.state`` (one per client); both are checkpointed.
 """
 
 from __future__ import annotations
@@ -29,7 +31,12 @@ class ServerContext:
 
     Attributes:
         round: 0-based round index.
-        clients: the clients sampled this round.
+        clients: the clients sampled this round (sorted).
+        weights: their aggregation weights p_k (sample-size or uniform, per ``--federation.aggregation``), sum 1.
+        num_clients: N, the number of clients in the federation.
+        global_weights: the module's state dict at the start of the round (on the device; do not modify).
+        param_keys: the state-dict keys of trainable parameters (the other keys are buffers).
+        state: the method's persistent server state (checkpointed; tensors on the device).
         aux_x: the server's held-out images (uint8), ``holdout_per_class`` per class; never given to clients.
         aux_y: their labels.
         num_classes: number of classes C.
@@ -40,6 +47,11 @@ class ServerContext:
 
     round: int
     clients: tuple[int, ...]
+    weights: tuple[float, ...]
+    num_clients: int
+    global_weights: dict[str, Tensor]
+    param_keys: frozenset[str]
+    state: dict[str, Any]
     aux_x: Tensor
     aux_y: Tensor
     num_classes: int
@@ -61,11 +73,14 @@ class ClientContext:
         client: the client's id.
         num_samples: n_k, the client's training samples.
         class_counts: int64 ``[C]``, the client's label counts n_{k,c}.
-        steps: local optimizer steps it will take this round.
+        steps: K, the local optimizer steps it takes this round.
         lr: its learning rate this round.
+        weight: its aggregation weight p_k this round.
         server: what the method's ``on_round_start`` returned this round (same object for every client).
-        state: this client's persistent state, kept by the server between rounds and in checkpoints.
-        x: the client's raw training images (uint8, on the CPU).
+        state: this client's persistent state, kept by the server between rounds and in checkpoints; its tensors
+            are on the device during the update and stored on the CPU (or disk) between rounds.
+        global_weights: the state dict the client started from (on the device; do not modify).
+        x: the client's raw training inputs (on the CPU).
         y: their labels.
         transform: see :class:`ServerContext`.
         device: the training device.
@@ -78,8 +93,10 @@ class ClientContext:
     class_counts: Tensor
     steps: int
     lr: float
+    weight: float
     server: dict[str, Any]
     state: dict[str, Any]
+    global_weights: dict[str, Tensor]
     x: Tensor
     y: Tensor
     transform: Callable[[Tensor, bool], Tensor]

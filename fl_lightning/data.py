@@ -115,6 +115,7 @@ class RoundBatches:
         batch_size: int,
         drop_last: bool,
         seed: int,
+        flat: bool = False,
     ) -> None:
         self.x, self.y = x, y
         self.client_indices = client_indices
@@ -122,11 +123,15 @@ class RoundBatches:
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.seed = seed
+        self.flat = flat
 
     def __len__(self) -> int:
-        return len(self.plan.clients)
+        return self.plan.total_steps if self.flat else len(self.plan.clients)
 
-    def __iter__(self) -> Iterator[ClientBatches]:
+    def __iter__(self) -> Iterator[ClientBatches] | Iterator[tuple[Tensor, Tensor]]:
+        if self.flat:
+            yield from self.batches()
+            return
         for client in self.plan.clients:
             idx = self.client_indices[client]
             yield ClientBatches(self.x[idx], self.y[idx], list(self._positions(client)))
@@ -249,6 +254,8 @@ class FederatedDataModule(L.LightningDataModule):
         self.transform: BatchTransform | None = None
         #: Called with the round index, returns that round's plan; set by the Federation callback.
         self.plan_fn: Callable[[int], RoundPlan] | None = None
+        #: One training batch per client update (fl_lightning methods) or per local step (any other module).
+        self.per_client_batches = True
 
     @property
     def partition_label(self) -> str:
@@ -342,8 +349,22 @@ class FederatedDataModule(L.LightningDataModule):
             )
         plan = self.plan_fn(self.trainer.current_epoch if self.trainer is not None else 0)
         return RoundBatches(
-            self.train_x, self.train_y, self.client_indices, plan, self.batch_size, self.drop_last, self.seed
+            self.train_x,
+            self.train_y,
+            self.client_indices,
+            plan,
+            self.batch_size,
+            self.drop_last,
+            self.seed,
+            flat=not self.per_client_batches,
         )
+
+    def test_batches(self) -> Iterator[tuple[Tensor, Tensor]]:
+        """The global test set as raw (untransformed) CPU batches of ``eval_batch_size``."""
+        assert self.data is not None
+        bs = self.eval_batch_size
+        for start in range(0, len(self.data.test_y), bs):
+            yield self.data.test_x[start : start + bs], self.data.test_y[start : start + bs]
 
     def test_dataloader(self) -> DataLoader:
         """The global test set (for ``trainer.test``)."""

@@ -1,17 +1,17 @@
 """The federation callback: one Lightning epoch is one communication round.
 
-Within a single ``Trainer.fit`` the callback samples the round's clients, restarts each from the global weights with a
-fresh optimizer state, collects their updated weights, averages them, and evaluates the global model on the test set.
+Within a single ``Trainer.fit`` each round is: plan (sample clients, split them over processes) → local updates
+(each client restarts from the global weights with a fresh optimizer) → reduce (weighted sums of weights and uploads,
+across processes) → server step (the method's ``server_update``, then optional server momentum) → evaluate. What a
+round measures goes to a :class:`~fl_lightning.recorder.RunRecorder`, which owns the run's files and logger output.
 """
 
 from __future__ import annotations
 
-import csv
-import functools
-import json
+import bisect
 import math
-import subprocess
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,23 +20,55 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.callbacks.progress import TQDMProgressBar
-from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import Tensor
 from typing_extensions import override
 
-from fl_lightning.aggregation import StateAccumulator, aggregation_weights
+from fl_lightning.aggregation import StateAccumulator, UploadAccumulator, aggregation_weights
 from fl_lightning.context import ClientContext, ServerContext
 from fl_lightning.data import FederatedDataModule, RoundPlan, _round_seed, client_steps
-from fl_lightning.metrics import forgetting, forgetting_degree
-from fl_lightning.module import FedAvg
-from fl_lightning.plots import plot_curve, plot_partition
+from fl_lightning.distributed import all_gather_object, all_reduce_sum_, assign_clients, rank_and_world, to_device
+from fl_lightning.metrics import forgetting_degree
+from fl_lightning.module import FedAvg, FederatedHooks
+from fl_lightning.recorder import RunRecorder
+from fl_lightning.state import ClientStateStore
 
 _CPU_PRECISIONS = ("32-true", "32", "64-true", "64", "bf16-mixed")
 
 
+@dataclass
+class _Round:
+    """What one round knows while its clients train (rebuilt every round, never checkpointed)."""
+
+    plan: RoundPlan
+    slots: list[int]  # this process's client slots (positions in plan.clients)
+    first_batch: list[int]  # per-step batches: the batch index where each of this process's clients starts
+    global_weights: dict[str, Tensor]
+    weights: list[float]
+    server: ServerContext
+    payload: dict[str, Any]
+    states: StateAccumulator
+    uploads: UploadAccumulator
+    started_at: float
+    received_class_acc: np.ndarray
+    done: int = 0
+    client: ClientContext | None = None
+    step_losses: list[Tensor] = field(default_factory=list)
+    losses: dict[int, float] = field(default_factory=dict)
+    local_evals: dict[int, tuple[float, np.ndarray]] = field(default_factory=dict)
+    updated_states: dict[int, dict[str, Any]] = field(default_factory=dict)
+    diverged: list[str] = field(default_factory=list)
+
+
 class Federation(Callback):
     """Runs federated training inside one ``Trainer.fit``: each training epoch is one communication round.
+
+    Works with any LightningModule: an fl_lightning method (:class:`~fl_lightning.FedAvg` and its subclasses) trains a
+    whole client in one training batch; any other module sees its ordinary per-step batches, client after client,
+    with its own ``training_step`` and ``configure_optimizers``, and is federated as FedAvg (mix in
+    :class:`~fl_lightning.module.FederatedHooks` to take part in the method hooks). With several processes
+    (``devices``/``num_nodes`` with a DDP strategy) each process trains its own share of the round's clients with no
+    gradient synchronisation, and the weighted sums are reduced once per round.
 
     Args:
         rounds: communication rounds R (sets the Trainer's ``max_epochs``).
@@ -46,11 +78,13 @@ class Federation(Callback):
         lr_decay: the learning rate of round r is ``lr_0 · lr_decay^r``.
         eval_every: evaluate the global model every this many rounds (and always after the last one).
         server_lr: server learning rate η_s applied to the averaged update (1 = plain averaging).
-        server_momentum: server momentum β_s (FedAvgM; 0 disables).
+        server_momentum: server momentum β_s (FedAvgM; 0 disables). Composes with any method's server step.
         seed: seed of client sampling, local shuffling and augmentation.
         plots: write the learning-curve and partition PNGs into the run directory.
         eval_local: also evaluate every updated local model on the test set (costs one test pass per client) and
             report their mean accuracy AccL (FedSSD §3.1) and FedKA's class-wise forgetting degree (§3.1).
+        client_state_mb: CPU memory for per-client method state (SCAFFOLD's controls, MOON's previous models, ...)
+            before further clients' states are kept on disk under ``<run dir>/client_state`` (``None``: no limit).
     """
 
     def __init__(
@@ -66,6 +100,7 @@ class Federation(Callback):
         seed: int = 0,
         plots: bool = True,
         eval_local: bool = False,
+        client_state_mb: float | None = None,
     ) -> None:
         if rounds < 1:
             raise ValueError(f"rounds must be at least 1, got {rounds}")
@@ -81,6 +116,8 @@ class Federation(Callback):
             raise ValueError(f"eval_every must be at least 1, got {eval_every}")
         if server_lr <= 0 or not 0 <= server_momentum < 1:
             raise ValueError(f"need server_lr > 0 and server_momentum in [0, 1), got {server_lr}, {server_momentum}")
+        if client_state_mb is not None and client_state_mb < 0:
+            raise ValueError(f"client_state_mb must be >= 0 (or None for no limit), got {client_state_mb}")
         self.rounds = rounds
         self.sample_ratio = sample_ratio
         self.local_epochs = local_epochs
@@ -92,33 +129,20 @@ class Federation(Callback):
         self.seed = seed
         self.plots = plots
         self.eval_local = eval_local
+        self.client_state_mb = client_state_mb
 
         # persistent state (checkpointed)
-        self.history: list[dict[str, float]] = []
-        self.class_acc_history: list[list[float]] = []
-        self.client_state: dict[int, dict[str, Any]] = {}
+        self.server_state: dict[str, Any] = {}
+        self.client_states = ClientStateStore()
         self.momentum_buffer: dict[str, Tensor] | None = None
-        self.status = "running"
-        self.elapsed = 0.0
         # per-run objects, built in setup
         self.dm: FederatedDataModule | None = None
-        self.run_dir = Path(".")
+        self.recorder: RunRecorder | None = None
+        self._hooks = False
+        self._client_batches = True
         self._plans: dict[int, RoundPlan] = {}
-        self._reset_round()
-
-    def _reset_round(self) -> None:
-        self._plan: RoundPlan | None = None
-        self._slot = -1
-        self._global: dict[str, Tensor] = {}
-        self._payload: dict[str, Any] = {}
-        self._acc: StateAccumulator | None = None
-        self._weights: list[float] = []
-        self._ctx: ClientContext | None = None
-        self._losses: list[Tensor] = []
-        self._local_evals: list[tuple[float, np.ndarray]] = []
-        self._received_class_acc = np.zeros(0)
-        self._diverged = ""
-        self._round_start = 0.0
+        self._round: _Round | None = None
+        self._pending_state: dict[str, Any] | None = None
 
     # ---- planning ---------------------------------------------------------------------------------------------
 
@@ -145,11 +169,26 @@ class Federation(Callback):
         self._plans = {round_idx: plan}
         return plan
 
+    def local_plan(self, round_idx: int) -> RoundPlan:
+        """This process's share of round ``round_idx``: the clients it trains (all of them in a single process)."""
+        plan = self.plan(round_idx)
+        rank, world = rank_and_world()
+        if world == 1:
+            return plan
+        slots = assign_clients(plan.steps, world)[rank]
+        return RoundPlan(
+            plan.round,
+            tuple(plan.clients[s] for s in slots),
+            tuple(plan.steps[s] for s in slots),
+            plan.local_epochs,
+            plan.lr_scale,
+        )
+
     # ---- setup --------------------------------------------------------------------------------------------------
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        """Check the pieces fit together, hook the datamodule's round loader, and record the partition."""
+        """Check the pieces fit together, hook the datamodule's round loader and prepare the run's record."""
         if stage != "fit":
             return
         dm = trainer.datamodule
@@ -158,12 +197,10 @@ class Federation(Callback):
                 f"the Federation callback needs a FederatedDataModule, got {type(dm).__name__}; "
                 "pass datamodule=FederatedDataModule(...) to trainer.fit"
             )
-        if not isinstance(pl_module, FedAvg):
-            raise TypeError(
-                f"the Federation callback needs a fl_lightning method module, got {type(pl_module).__name__}"
-            )
-        self._check_precision(trainer, pl_module)
-        need = pl_module.holdout_per_class_required
+        self._hooks = isinstance(pl_module, FederatedHooks)
+        self._client_batches = isinstance(pl_module, FedAvg)
+        self._check_trainer(trainer, pl_module)
+        need = pl_module.holdout_per_class_required if self._hooks else 0
         if dm.holdout_per_class < need:
             raise ValueError(
                 f"{pl_module.method_name} needs {need} server holdout samples per class; "
@@ -173,66 +210,100 @@ class Federation(Callback):
             raise ValueError(
                 f"the model predicts {pl_module.num_classes} classes but {dm.dataset} has {dm.num_classes}"
             )
-        if trainer.accumulate_grad_batches != 1:
-            raise ValueError("accumulate_grad_batches must be 1: every local batch is one optimizer step")
         dm.setup("fit")
         self.dm = dm
-        dm.plan_fn = self.plan
+        dm.plan_fn = self.local_plan
+        dm.per_client_batches = self._client_batches
         self._plans = {}
         trainer.fit_loop.max_epochs = self.rounds
         trainer.reload_dataloaders_every_n_epochs = 1
-        self.run_dir = Path(trainer.default_root_dir)
-        if trainer.is_global_zero:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            self._write_partition(dm)
+        run_dir = Path(trainer.default_root_dir)
+        self.client_states = ClientStateStore(
+            self.client_state_mb, run_dir / "client_state" if self.client_state_mb is not None else None
+        )
+        self.recorder = RunRecorder(run_dir, self._run_info(trainer, pl_module), self.plots, self.rounds)
+        if self._pending_state is not None:  # a checkpoint restored before setup (Lightning restores after it)
+            self.load_state_dict(self._pending_state)
 
-    def _check_precision(self, trainer: L.Trainer, pl_module: FedAvg) -> None:
+    def _check_trainer(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         precision = str(trainer.precision)
         on_cpu = trainer.strategy.root_device.type == "cpu"
         if on_cpu and precision not in _CPU_PRECISIONS:
             raise ValueError(
                 f"precision {precision!r} needs a CUDA GPU; on the CPU use --trainer.precision 32-true (or bf16-mixed)"
             )
-        if pl_module.needs_exact_steps and precision in ("16-mixed", "16"):
+        if self._hooks and pl_module.needs_exact_steps and precision in ("16-mixed", "16"):
             raise ValueError(
                 f"{pl_module.method_name} counts local steps, and 16-mixed's gradient scaler can skip some; "
                 "use --trainer.precision bf16-mixed or 32-true"
             )
+        if trainer.accumulate_grad_batches != 1:
+            raise ValueError("accumulate_grad_batches must be 1: every local batch is one optimizer step")
+        if trainer.limit_train_batches not in (1.0, None):
+            raise ValueError(
+                "limit_train_batches would cut rounds short (a round trains every sampled client); "
+                "use --federation.rounds, --federation.sample_ratio or --federation.local_epochs for a smaller run"
+            )
 
-    def _write_partition(self, dm: FederatedDataModule) -> None:
-        counts = dm.client_class_counts
-        with open(self.run_dir / "partition.csv", "w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(["client", "total", *[f"class_{c}" for c in range(counts.shape[1])]])
-            for i, row in enumerate(counts):
-                writer.writerow([i, int(row.sum()), *[int(v) for v in row]])
-        if self.plots:
-            title = f"{dm.dataset}, {dm.partition_label}, {dm.num_clients} clients"
-            plot_partition(counts, self.run_dir / "partition.png", title)
+    def _run_info(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+        assert self.dm is not None
+        net = pl_module.hparams.get("net") if hasattr(pl_module, "hparams") else None
+        return {
+            "method": pl_module.method_name if self._hooks else type(pl_module).__name__,
+            "dataset": self.dm.dataset,
+            "partition": self.dm.partition_label,
+            "num_clients": self.dm.num_clients,
+            "sample_ratio": self.sample_ratio,
+            "local_epochs": self.local_epochs,
+            "model": net if isinstance(net, str) or net is None else type(net).__name__,
+            "seed": self.seed,
+            "precision": str(trainer.precision),
+            "world_size": trainer.world_size,
+        }
 
-    # ---- one round ------------------------------------------------------------------------------------------
+    @override
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Let each process train its clients on its own, and move the server state to the training device."""
+        # DDP would average every local gradient across processes, i.e. mix different clients' steps. Clients train
+        # independently; their weights are reduced once per round by this callback.
+        if trainer.strategy.model is not pl_module:
+            trainer.strategy.model = pl_module
+        self.server_state = to_device(self.server_state, pl_module.device)
+
+    @override
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Training really starts (any checkpoint was accepted): mark the run as running, draw the partition."""
+        assert self.recorder is not None and self.dm is not None
+        self.recorder.start(trainer)
+        if trainer.is_global_zero and not self.recorder.history:
+            title = f"{self.dm.dataset}, {self.dm.partition_label}, {self.dm.num_clients} clients"
+            self.recorder.write_partition(self.dm.client_class_counts, title)
+
+    # ---- plan --------------------------------------------------------------------------------------------------
 
     @override
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Sample the round's clients, set its learning rate and snapshot the global weights."""
-        assert isinstance(pl_module, FedAvg) and self.dm is not None
-        self._reset_round()
-        self._round_start = time.perf_counter()
+        """Plan the round, set its learning rate, snapshot the global weights and run the method's server start."""
+        assert self.dm is not None
         r = trainer.current_epoch
         plan = self.plan(r)
-        self._plan = plan
-        torch.manual_seed(_round_seed(self.seed, r, 1))
+        rank, world = rank_and_world()
+        slots = assign_clients(plan.steps, world)[rank] if world > 1 else list(range(len(plan.clients)))
         for opt in trainer.optimizers:
             for group in opt.param_groups:
                 group.setdefault("fl_initial_lr", group["lr"])
                 group["lr"] = group["fl_initial_lr"] * plan.lr_scale
-        self._global = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
+        global_weights = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
         sizes = self.dm.client_sizes
-        self._weights = aggregation_weights([sizes[c] for c in plan.clients], self.aggregation)
-        self._acc = StateAccumulator()
+        weights = aggregation_weights([sizes[c] for c in plan.clients], self.aggregation)
         server = ServerContext(
             round=r,
             clients=plan.clients,
+            weights=tuple(weights),
+            num_clients=self.dm.num_clients,
+            global_weights=global_weights,
+            param_keys=frozenset(_parameter_keys(pl_module)),
+            state=self.server_state,
             aux_x=self.dm.aux_x,
             aux_y=self.dm.aux_y,
             num_classes=self.dm.num_classes,
@@ -240,309 +311,276 @@ class Federation(Callback):
             transform=self._transform,
             device=pl_module.device,
         )
-        self._payload = pl_module.on_round_start(server)
-        if self.eval_local:
-            self._received_class_acc = self.evaluate(pl_module, trainer)[2]
+        payload = pl_module.on_round_start(server) if self._hooks else {}
+        received = self.evaluate(pl_module, trainer)[2] if self.eval_local else np.zeros(0)
+        self._round = _Round(
+            plan=plan,
+            slots=slots,
+            first_batch=[0, *np.cumsum([plan.steps[s] for s in slots]).tolist()],
+            global_weights=global_weights,
+            weights=weights,
+            server=server,
+            payload=payload,
+            states=StateAccumulator(),
+            uploads=UploadAccumulator(pl_module.upload_reduce if self._hooks else None),
+            started_at=time.perf_counter(),
+            received_class_acc=received,
+        )
         pl_module.train()
 
     def _transform(self, x: Tensor, train: bool) -> Tensor:
         assert self.dm is not None and self.dm.transform is not None
         return self.dm.transform(x, train)
 
+    # ---- local updates ------------------------------------------------------------------------------------------
+
     @override
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        """Before a client's local update: restart from the global weights with a fresh optimizer state.
+        """A client starts when its first batch comes (every batch, for methods that train a client per batch)."""
+        rnd = self._round
+        assert rnd is not None
+        if self._client_batches:
+            self._start_client(trainer, pl_module, batch_idx)
+        elif batch_idx in rnd.first_batch[:-1]:
+            self._start_client(trainer, pl_module, rnd.first_batch.index(batch_idx))
 
-        One training batch is one client's whole local update (:class:`~fl_lightning.data.ClientBatches`).
-        """
-        assert isinstance(pl_module, FedAvg) and self._plan is not None and self.dm is not None
-        self._slot = batch_idx
-        client = self._plan.clients[self._slot]
-        if self._slot > 0:
-            pl_module.load_state_dict(self._global)
+    def _start_client(self, trainer: L.Trainer, pl_module: L.LightningModule, pos: int) -> None:
+        """Restart from the global weights with a fresh optimizer, and hand the method its client context."""
+        rnd = self._round
+        assert rnd is not None and self.dm is not None
+        slot = rnd.slots[pos]
+        client = rnd.plan.clients[slot]
+        if pos > 0:
+            pl_module.load_state_dict(rnd.global_weights)
         for opt in trainer.optimizers:
             opt.state.clear()
+        # Seeded per client, so a client's random draws do not depend on which clients ran before it (or where).
+        torch.manual_seed(_round_seed(self.seed, rnd.plan.round, client, 1))
         x, y = self.dm.client_data(client)
-        self._ctx = ClientContext(
-            round=self._plan.round,
+        ctx = ClientContext(
+            round=rnd.plan.round,
             client=client,
             num_samples=len(y),
             class_counts=torch.as_tensor(self.dm.client_class_counts[client]),
-            steps=self._plan.steps[self._slot],
+            steps=rnd.plan.steps[slot],
             lr=trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else 0.0,
-            server=self._payload,
-            state=self.client_state.setdefault(client, {}),
+            weight=rnd.weights[slot],
+            server=rnd.payload,
+            state=to_device(self.client_states.get(client), pl_module.device),
+            global_weights=rnd.global_weights,
             x=x,
             y=y,
             transform=self._transform,
             device=pl_module.device,
-            generator=torch.Generator().manual_seed(_round_seed(self.seed, self._plan.round, client, 2)),
+            generator=torch.Generator().manual_seed(_round_seed(self.seed, rnd.plan.round, client, 2)),
         )
-        pl_module.on_client_start(self._ctx)
+        rnd.client = ctx
+        rnd.step_losses = []
+        if isinstance(pl_module, FedAvg):
+            pl_module.client = ctx
+        if self._hooks:
+            if pl_module.teacher_needed(ctx):
+                pl_module.refresh_teacher()
+            pl_module.on_client_start(ctx)
+
+    @override
+    def on_before_optimizer_step(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
+        """Per-step batches of a module with hooks: its ``before_local_step`` runs here."""
+        if self._hooks and not self._client_batches:
+            pl_module.before_local_step()
 
     @override
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        """After a client's local update: collect its weights and mean training loss."""
+        """A client ends after its last batch: collect its weights, upload, state and training loss."""
+        rnd = self._round
+        assert rnd is not None
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        assert isinstance(pl_module, FedAvg) and self._ctx is not None and self._acc is not None
-        pl_module.on_client_end(self._ctx)
-        mean_loss = loss.detach().float() if loss is not None else torch.tensor(0.0)
+        if loss is not None:
+            rnd.step_losses.append(loss.detach().float())
+        if self._client_batches:
+            self._end_client(trainer, pl_module, batch_idx)
+        elif batch_idx + 1 in rnd.first_batch[1:]:
+            self._end_client(trainer, pl_module, rnd.first_batch.index(batch_idx + 1) - 1)
+
+    def _end_client(self, trainer: L.Trainer, pl_module: L.LightningModule, pos: int) -> None:
+        rnd = self._round
+        assert rnd is not None and rnd.client is not None
+        ctx, slot = rnd.client, rnd.slots[pos]
+        upload = (pl_module.on_client_end(ctx) if self._hooks else None) or {}
+        mean_loss = torch.stack(rnd.step_losses).mean() if rnd.step_losses else torch.tensor(0.0)
         state = pl_module.state_dict()
         finite = bool(torch.isfinite(mean_loss)) and all(
-            bool(torch.isfinite(v).all()) for v in state.values() if torch.is_floating_point(v)
+            bool(torch.isfinite(v).all()) for v in [*state.values(), *upload.values()] if torch.is_floating_point(v)
         )
+        rnd.done += 1
         if not finite:
-            self._diverged = f"client {self._ctx.client} produced a non-finite loss or weights"
-            trainer.should_stop = True
+            rnd.diverged.append(f"client {ctx.client} produced a non-finite loss or weights")
             return
-        self._losses.append(mean_loss)
-        self._acc.add(state, self._weights[self._slot])
+        rnd.states.add(state, rnd.weights[slot], order=slot)
+        rnd.uploads.add(upload, rnd.weights[slot])
+        rnd.losses[slot] = float(mean_loss)
+        self.client_states.put(ctx.client, ctx.state)
+        rnd.updated_states[ctx.client] = ctx.state
         if self.eval_local:
-            _, local_acc, local_class_acc = self.evaluate(pl_module, trainer)
-            self._local_evals.append((local_acc, local_class_acc))
-        if self._slot == len(self._plan.clients) - 1:
-            self._aggregate(pl_module)
+            _, local_acc, local_class_acc = self.evaluate(pl_module, trainer, split=False)
+            rnd.local_evals[slot] = (local_acc, local_class_acc)
 
-    def _aggregate(self, pl_module: FedAvg) -> None:
-        assert self._acc is not None
-        dtypes = {k: v.dtype for k, v in self._global.items()}
-        avg = self._acc.result(dtypes)
-        if self.server_lr != 1.0 or self.server_momentum > 0:
-            avg = self._server_step(avg)
-        pl_module.load_state_dict(avg)
-
-    def _server_step(self, avg: dict[str, Tensor]) -> dict[str, Tensor]:
-        """FedAvgM: v ← β_s·v + Δ, w_g ← w_g − η_s·v with Δ = w_g − avg(w_k)."""
-        out = dict(avg)
-        if self.momentum_buffer is None:
-            self.momentum_buffer = {}
-        for k, w_g in self._global.items():
-            if not torch.is_floating_point(w_g):
-                continue
-            delta = w_g.float() - avg[k].float()
-            buf = self.momentum_buffer.get(k)
-            buf = delta if buf is None else self.server_momentum * buf.to(delta.device) + delta
-            self.momentum_buffer[k] = buf
-            out[k] = (w_g.float() - self.server_lr * buf).to(w_g.dtype)
-        return out
+    # ---- reduce, server step, evaluate ------------------------------------------------------------------------
 
     @override
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Evaluate the new global model, log the round and write the results files."""
-        assert isinstance(pl_module, FedAvg) and self._plan is not None
-        r = self._plan.round
-        if self._diverged or self._slot != len(self._plan.clients) - 1:
-            reason = self._diverged or "the round stopped before every client finished"
-            pl_module.load_state_dict(self._global)  # keep the last finite global model
-            if self._diverged:
-                self.status = "diverged"
-                self._say(trainer, f"round {r + 1}: diverged ({reason}); stopping")
-                trainer.should_stop = True
-                self._write_summary(trainer, pl_module)
+        """Reduce the round's clients, take the server step, evaluate and record the round."""
+        rnd, recorder = self._round, self.recorder
+        assert rnd is not None and recorder is not None
+        r = rnd.plan.round
+        if rnd.done != len(rnd.slots):
+            raise RuntimeError(f"round {r + 1} ended after {rnd.done} of its {len(rnd.slots)} clients")
+        diverged = [msg for msgs in all_gather_object(rnd.diverged) for msg in msgs]
+        if diverged:
+            pl_module.load_state_dict(rnd.global_weights)  # keep the last finite global model
+            self._stop_diverged(trainer, r + 1, diverged[0])
             return
-        last = r + 1 >= self.rounds
-        if (r + 1) % self.eval_every == 0 or last:
-            self._evaluate_and_log(trainer, pl_module)
-        self.elapsed += time.perf_counter() - self._round_start
+        self._reduce(rnd)
+        average = rnd.states.result({k: v.dtype for k, v in rnd.global_weights.items()})
+        new_global = pl_module.server_update(rnd.server, average, rnd.uploads.result()) if self._hooks else average
+        if self.server_lr != 1.0 or self.server_momentum > 0:
+            new_global = self._server_momentum_step(rnd.global_weights, new_global)
+        pl_module.load_state_dict(new_global)
+        if (r + 1) % self.eval_every == 0 or r + 1 >= self.rounds:
+            self._evaluate_and_record(trainer, pl_module, rnd)
+        else:
+            recorder.elapsed += time.perf_counter() - rnd.started_at
 
-    # ---- evaluation and results ---------------------------------------------------------------------------------
+    def _reduce(self, rnd: _Round) -> None:
+        """Sum weights and uploads over processes; every process gets every updated client state and loss."""
+        rnd.states.all_reduce()
+        rnd.uploads.all_reduce()
+        gathered = all_gather_object((rnd.updated_states, rnd.losses, rnd.local_evals))
+        if len(gathered) > 1:
+            for states, losses, evals in gathered:
+                for client, state in states.items():
+                    if client not in rnd.updated_states:
+                        self.client_states.put(client, state)
+                rnd.losses.update(losses)
+                rnd.local_evals.update(evals)
+
+    def _server_momentum_step(self, w_g: dict[str, Tensor], new: dict[str, Tensor]) -> dict[str, Tensor]:
+        """FedAvgM: v ← β_s·v + Δ, w_g ← w_g − η_s·v with Δ = w_g − (the method's new global weights)."""
+        out = dict(new)
+        if self.momentum_buffer is None:
+            self.momentum_buffer = {}
+        for k, w in w_g.items():
+            if not torch.is_floating_point(w):
+                continue
+            delta = w.float() - new[k].float()
+            buf = self.momentum_buffer.get(k)
+            buf = delta if buf is None else self.server_momentum * buf.to(delta.device) + delta
+            self.momentum_buffer[k] = buf
+            out[k] = (w.float() - self.server_lr * buf).to(w.dtype)
+        return out
+
+    def _evaluate_and_record(self, trainer: L.Trainer, pl_module: L.LightningModule, rnd: _Round) -> None:
+        assert self.recorder is not None
+        loss, acc, class_acc = self.evaluate(pl_module, trainer)
+        losses = [rnd.losses[s] for s in sorted(rnd.losses)]
+        round_seconds = time.perf_counter() - rnd.started_at
+        self.recorder.elapsed += round_seconds
+        measured: dict[str, float] = {
+            "round": rnd.plan.round + 1,
+            "global_acc": acc,
+            "global_loss": loss,
+            "train_loss": float(np.mean(losses)) if losses else float("nan"),
+            "lr": trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else float("nan"),
+            "clients": len(rnd.plan.clients),
+            "round_seconds": round_seconds,
+        }
+        if rnd.local_evals:
+            evals = [rnd.local_evals[s] for s in sorted(rnd.local_evals)]
+            # τ compares each local model with the global model it started from.
+            degrees = [forgetting_degree(rnd.received_class_acc, local_class) for _, local_class in evals]
+            measured["local_acc_mean"] = float(np.mean([a for a, _ in evals]))
+            measured["local_forgetting_degree"] = float(np.mean(degrees))
+        self.recorder.record_round(trainer, measured, class_acc)
+        pl_module.log("global_acc", acc, prog_bar=True, logger=False)
+        if not math.isfinite(loss):
+            self._stop_diverged(trainer, rnd.plan.round + 1, "the global model's test loss is not finite")
+
+    def _stop_diverged(self, trainer: L.Trainer, round_number: int, reason: str) -> None:
+        assert self.recorder is not None
+        self.recorder.diverged_round = round_number
+        self.recorder.say(trainer, f"round {round_number}: diverged ({reason}); stopping")
+        self.recorder.finish(trainer, "diverged", reason)
+        trainer.should_stop = True
 
     @torch.no_grad()
-    def evaluate(self, pl_module: FedAvg, trainer: L.Trainer | None = None) -> tuple[float, float, np.ndarray]:
-        """Global test loss, accuracy and class-wise accuracy of ``pl_module``'s current weights."""
-        assert self.dm is not None and self.dm.data is not None and self.dm.transform is not None
-        data = self.dm.data
+    def evaluate(
+        self, pl_module: L.LightningModule, trainer: L.Trainer | None = None, split: bool = True
+    ) -> tuple[float, float, np.ndarray]:
+        """Global test loss, accuracy and class-wise accuracy of ``pl_module``'s current weights.
+
+        With several processes and ``split``, each evaluates every ``world``-th test batch and the counts are summed
+        (all processes must call it together); ``split=False`` evaluates the whole test set in this process.
+        """
+        assert self.dm is not None and self.dm.transform is not None
+        rank, world = rank_and_world() if split else (0, 1)
         num_classes = self.dm.num_classes
         was_training = pl_module.training
         pl_module.eval()
         device = pl_module.device
-        correct = torch.zeros(num_classes, device=device)
-        total = torch.zeros(num_classes, device=device)
-        loss_sum = torch.zeros((), device=device)
+        sums = {
+            "correct": torch.zeros(num_classes, device=device, dtype=torch.float64),
+            "total": torch.zeros(num_classes, device=device, dtype=torch.float64),
+            "loss": torch.zeros((), device=device, dtype=torch.float64),
+        }
         context = (
             trainer.precision_plugin.forward_context() if trainer is not None else torch.autocast("cpu", enabled=False)
         )
-        bs = self.dm.eval_batch_size
         with context:
-            for start in range(0, len(data.test_y), bs):
-                x = self.dm.transform(data.test_x[start : start + bs].to(device), False)
-                y = data.test_y[start : start + bs].to(device)
+            for i, (xb, yb) in enumerate(self.dm.test_batches()):
+                if i % world != rank:
+                    continue
+                x = self.dm.transform(xb.to(device), False)
+                y = yb.to(device)
                 logits = pl_module(x).float()
-                loss_sum += F.cross_entropy(logits, y, reduction="sum")
-                hit = (logits.argmax(1) == y).float()
-                correct.index_add_(0, y, hit)
-                total.index_add_(0, y, torch.ones_like(hit))
+                sums["loss"] += F.cross_entropy(logits, y, reduction="sum").double()
+                hit = (logits.argmax(1) == y).double()
+                sums["correct"].index_add_(0, y, hit)
+                sums["total"].index_add_(0, y, torch.ones_like(hit))
+        if split:
+            all_reduce_sum_(sums)
         pl_module.train(was_training)
+        correct, total = sums["correct"], sums["total"]
         n = float(total.sum())
         class_acc = (correct / total.clamp_min(1)).cpu().numpy()
-        return float(loss_sum) / n, float(correct.sum()) / n, class_acc
+        return float(sums["loss"]) / n, float(correct.sum()) / n, class_acc
 
-    def _evaluate_and_log(self, trainer: L.Trainer, pl_module: FedAvg) -> None:
-        assert self._plan is not None
-        r = self._plan.round + 1
-        loss, acc, class_acc = self.evaluate(pl_module, trainer)
-        if not math.isfinite(loss):
-            self._diverged = "the global model's test loss is not finite"
-        self.class_acc_history.append([float(a) for a in class_acc])
-        prev_best = max((row["global_acc"] for row in self.history), default=-1.0)
-        train_loss = float(torch.stack(self._losses).mean()) if self._losses else float("nan")
-        row: dict[str, float] = {
-            "round": r,
-            "global_acc": acc,
-            "global_loss": loss,
-            "best_acc": max(acc, prev_best),
-            "forgetting": forgetting(self.class_acc_history),
-            "train_loss": train_loss,
-            "lr": trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else float("nan"),
-            "clients": len(self._plan.clients),
-            "round_seconds": time.perf_counter() - self._round_start,
-            "elapsed_seconds": self.elapsed + time.perf_counter() - self._round_start,
-        }
-        if self._local_evals:
-            local_accs = [acc for acc, _ in self._local_evals]
-            received = self._received_class_acc  # τ compares each local model with the global model it started from
-            degrees = [forgetting_degree(received, local_class) for _, local_class in self._local_evals]
-            row["local_acc_mean"] = float(np.mean(local_accs))
-            row["local_forgetting_degree"] = float(np.mean(degrees))
-        row.update({f"acc_class_{c}": float(a) for c, a in enumerate(class_acc)})
-        self.history.append(row)
-        self._log_to_loggers(trainer, row)
-        pl_module.log("global_acc", acc, prog_bar=True, logger=False)
-        self._say(
-            trainer,
-            f"round {r}/{self.rounds}  acc {acc:.4f}  best {row['best_acc']:.4f}  "
-            f"test loss {loss:.4f}  train loss {train_loss:.4f}  lr {row['lr']:.4g}  {row['round_seconds']:.1f}s",
-        )
-        if trainer.is_global_zero:
-            self._write_metrics()
-            self._write_summary(trainer, pl_module)
-        if self._diverged:
-            self.status = "diverged"
-            trainer.should_stop = True
-            self._say(trainer, f"round {r}: diverged ({self._diverged}); stopping")
-            self._write_summary(trainer, pl_module)
-
-    def _log_to_loggers(self, trainer: L.Trainer, row: dict[str, float]) -> None:
-        if not trainer.loggers:
-            return
-        metrics = {
-            "global/acc": row["global_acc"],
-            "global/loss": row["global_loss"],
-            "global/acc_best": row["best_acc"],
-            "global/forgetting": row["forgetting"],
-            "train/loss": row["train_loss"],
-            "train/lr": row["lr"],
-            "time/round_seconds": row["round_seconds"],
-        }
-        if "local_acc_mean" in row:
-            metrics["local/acc_mean"] = row["local_acc_mean"]
-            metrics["local/forgetting_degree"] = row["local_forgetting_degree"]
-        metrics.update({f"global_class/acc_{k[10:]}": v for k, v in row.items() if k.startswith("acc_class_")})
-        for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=int(row["round"]))
-
-    def _say(self, trainer: L.Trainer, message: str) -> None:
-        bar = trainer.progress_bar_callback
-        if isinstance(bar, TQDMProgressBar) and trainer.is_global_zero and bar.is_enabled:
-            bar.print(message)
-        else:
-            rank_zero_info(message)
-
-    def _write_metrics(self) -> None:
-        if not self.history:
-            return
-        fields = list(self.history[0].keys())
-        with open(self.run_dir / "metrics.csv", "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=fields)
-            writer.writeheader()
-            writer.writerows(self.history)
-
-    def summary(self, trainer: L.Trainer, pl_module: FedAvg) -> dict[str, Any]:
-        """The run's results in one flat dict (written to ``summary.json``)."""
-        dm = self.dm
-        assert dm is not None
-        accs = [row["global_acc"] for row in self.history]
-        best_i = int(np.argmax(accs)) if accs else -1
-        return {
-            "method": pl_module.method_name,
-            "dataset": dm.dataset,
-            "partition": dm.partition_label,
-            "num_clients": dm.num_clients,
-            "sample_ratio": self.sample_ratio,
-            "local_epochs": self.local_epochs,
-            "model": pl_module.hparams.get("net"),
-            "rounds": self.rounds,
-            "rounds_done": int(self.history[-1]["round"]) if self.history else 0,
-            "seed": self.seed,
-            "precision": str(trainer.precision),
-            "final_acc": accs[-1] if accs else None,
-            "best_acc": accs[best_i] if accs else None,
-            "best_round": int(self.history[best_i]["round"]) if accs else None,
-            "last10_mean_acc": float(np.mean(accs[-10:])) if accs else None,
-            "forgetting": self.history[-1]["forgetting"] if accs else None,
-            "wall_seconds": round(self.elapsed, 3),
-            "status": self.status,
-            "git_rev": _git_revision(),
-        }
-
-    def _write_summary(self, trainer: L.Trainer, pl_module: FedAvg) -> None:
-        if not trainer.is_global_zero:
-            return
-        with open(self.run_dir / "summary.json", "w") as f:
-            json.dump(self.summary(trainer, pl_module), f, indent=2)
+    # ---- end of the run ---------------------------------------------------------------------------------------
 
     @override
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Mark the run finished and draw its learning curve."""
-        assert isinstance(pl_module, FedAvg)
-        if self.status == "running":
-            done = bool(self.history) and self.history[-1]["round"] >= self.rounds
-            self.status = "completed" if done else "interrupted"
-        self._finish(trainer, pl_module)
+        """Close the record: completed when every round ran, interrupted when something stopped it early."""
+        assert self.recorder is not None
+        if self.recorder.status != "running":
+            return
+        history = self.recorder.history
+        done = bool(history) and history[-1]["round"] >= self.rounds
+        self.recorder.finish(trainer, "completed" if done else "interrupted")
 
     @override
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        """Record an interrupted run so that its summary says so."""
-        if isinstance(pl_module, FedAvg) and self.dm is not None and self.status == "running":
-            self.status = "interrupted"
-            self._finish(trainer, pl_module)
-
-    def _finish(self, trainer: L.Trainer, pl_module: FedAvg) -> None:
-        if not trainer.is_global_zero or self.dm is None:
+        """A signal or Ctrl-C leaves the run ``interrupted`` (resumable); any other error leaves it ``failed``."""
+        if self.recorder is None or self.recorder.status != "running":
             return
-        self._write_metrics()
-        self._write_summary(trainer, pl_module)
-        if self.plots and self.history:
-            rounds = [row["round"] for row in self.history]
-            accs = [row["global_acc"] for row in self.history]
-            title = f"{pl_module.method_name} on {self.dm.dataset}, {self.dm.partition_label}"
-            plot_curve(rounds, accs, self.run_dir / "curve.png", title)
-        self._send_to_loggers(trainer)
-        if self.status == "completed" and self.history:
-            best = max(r["global_acc"] for r in self.history)
-            rank_zero_info(
-                f"done: final acc {self.history[-1]['global_acc']:.4f}, best {best:.4f} "
-                f"in {self.elapsed:.1f}s; results in {self.run_dir}"
-            )
-        elif self.status == "interrupted":
-            rank_zero_warn(f"run interrupted; resume it with --ckpt_path last (results so far in {self.run_dir})")
-
-    def _send_to_loggers(self, trainer: L.Trainer) -> None:
-        """Final summary and figures to loggers that take them (W&B)."""
-        summary = self.summary(trainer, trainer.lightning_module) if self.dm is not None else {}
-        for logger in trainer.loggers:
-            experiment = getattr(logger, "experiment", None)
-            if hasattr(experiment, "summary") and hasattr(experiment.summary, "update"):
-                experiment.summary.update({k: v for k, v in summary.items() if v is not None})
-            if hasattr(logger, "log_image"):
-                for name in ("curve", "partition"):
-                    path = self.run_dir / f"{name}.png"
-                    if path.exists():
-                        logger.log_image(key=f"plots/{name}", images=[str(path)])
+        if isinstance(exception, (KeyboardInterrupt, SIGTERMException)):
+            self.recorder.finish(trainer, "interrupted")
+        else:
+            self.recorder.finish(trainer, "failed", f"{type(exception).__name__}: {exception}")
 
     # ---- checkpointing --------------------------------------------------------------------------------------
 
@@ -550,12 +588,10 @@ class Federation(Callback):
     def state_dict(self) -> dict[str, Any]:
         """Everything a resumed run needs beyond the model weights."""
         return {
-            "history": self.history,
-            "class_acc_history": self.class_acc_history,
-            "client_state": self.client_state,
+            "record": self.recorder.state_dict() if self.recorder is not None else None,
+            "server_state": to_device(self.server_state, "cpu"),
+            "client_state": self.client_states.state_dict(),
             "momentum_buffer": self.momentum_buffer,
-            "status": self.status,
-            "elapsed": self.elapsed,
             "seed": self.seed,
         }
 
@@ -564,24 +600,19 @@ class Federation(Callback):
         """Restore the state saved by :meth:`state_dict`."""
         if state_dict.get("seed", self.seed) != self.seed:
             raise ValueError(f"the checkpoint was made with seed {state_dict['seed']}, this run uses {self.seed}")
-        self.history = list(state_dict["history"])
-        self.class_acc_history = list(state_dict["class_acc_history"])
-        self.client_state = dict(state_dict["client_state"])
+        if self.recorder is None:
+            self._pending_state = state_dict
+            return
+        self._pending_state = None
+        if "history" in state_dict:  # checkpoints written before the recorder was its own unit
+            state_dict = {**state_dict, "record": state_dict, "client_state": {}}
+        if state_dict.get("record") is not None:
+            self.recorder.load_state_dict(state_dict["record"])
+        self.server_state = dict(state_dict.get("server_state") or {})
+        self.client_states.load_state_dict(state_dict.get("client_state") or {})
         self.momentum_buffer = state_dict["momentum_buffer"]
-        self.status = "running"
-        self.elapsed = float(state_dict["elapsed"])
 
 
-@functools.lru_cache(maxsize=1)
-def _git_revision() -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            cwd=Path(__file__).resolve().parent,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
+def _parameter_keys(module: torch.nn.Module) -> list[str]:
+    """State-dict keys of the module's trainable parameters."""
+    return [name for name, p in module.named_parameters() if p.requires_grad]

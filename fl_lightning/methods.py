@@ -105,7 +105,7 @@ class FedLMD(FedAvg):
         self._use_teacher = not teacher_free
 
     def teacher_needed(self, client: ClientContext) -> bool:
-        """FedLMD runs the teacher; FedLMD-Tf does not, until ``switch_round``."""
+        """FedLMD uses the teacher; FedLMD-Tf only from ``switch_round`` on."""
         return not self.teacher_free or (self.switch_round is not None and client.round >= self.switch_round)
 
     def on_client_start(self, client: ClientContext) -> None:
@@ -165,8 +165,8 @@ class FedSSD(FedAvg):
         self.credibility: Tensor | None = None
 
     @property
-    def holdout_per_class_required(self) -> int:  # type: ignore[override]
-        """The server holdout per class FedSSD needs: ``aux_per_class``."""
+    def holdout_per_class_required(self) -> int:
+        """FedSSD's auxiliary set: ``aux_per_class`` held-out samples per class."""
         return self.aux_per_class
 
     @torch.no_grad()
@@ -615,7 +615,7 @@ class MOON(FedAvg):
 
     def on_client_end(self, client: ClientContext) -> None:
         """Keep the local model as this client's previous model."""
-        # Straight to the CPU: a nested dict may not be among the state tensors the callback moves off the device.
+        # Copied straight to the CPU, where the callback keeps client states: no second copy on the device.
         client.state["prev"] = {k: v.detach().to("cpu", copy=True) for k, v in self.state_dict().items()}
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, ClassVar
 
 import lightning as L
 import torch
@@ -16,12 +16,134 @@ from fl_lightning.context import ClientContext, ServerContext
 from fl_lightning.models import MODELS, build_model
 
 
-class FedAvg(L.LightningModule):
+class FederatedHooks:
+    """The hooks the :class:`~fl_lightning.Federation` callback calls on a module, all empty by default.
+
+    :class:`FedAvg` and every method inherit them; a user's own LightningModule can mix this class in to take part
+    in the same protocol (a module without it is federated as plain FedAvg). Overrides never need ``super()``.
+
+    Per round, in this order:
+
+    ======================================  ======  =========================================================
+    hook                                    side    what it does / returns
+    ======================================  ======  =========================================================
+    ``on_round_start(server)``              server  with the global weights loaded; returns the payload every
+                                                    client receives as ``client.server``
+    ``on_client_start(client)``             client  after the global weights, a fresh optimizer and (if
+                                                    :meth:`teacher_needed`) a fresh teacher are in place
+    ``before_local_step()``                 client  between each backward pass and optimizer step
+    ``on_client_end(client)``               client  after the last local step, local weights still loaded;
+                                                    returns the upload (``dict`` of tensors) or ``None``
+    ``server_update(server, average, up)``  server  after all clients: gets the weighted average of their
+                                                    weights and their reduced uploads; returns the new
+                                                    global weights
+    ======================================  ======  =========================================================
+
+    Uploads are reduced as ``Σ_k p_k·u_k`` over the round's clients (``p_k`` = ``client.weight``), or as ``Σ_k u_k``
+    for the keys that :attr:`upload_reduce` maps to ``"sum"``. Persistent state lives in ``server.state`` (the
+    method's server state) and ``client.state`` (one dict per client, on the CPU or disk between rounds); the
+    callback checkpoints both, so a resumed run continues exactly. MOON keeps each client's previous model in
+    ``client.state``; SCAFFOLD keeps the server control variate in ``server.state``.
+    """
+
+    #: Short name used in results and tables.
+    method_name: ClassVar[str] = "fedavg"
+    #: Whether a frozen copy of the round's global network is kept as a teacher (see :meth:`teacher_logits`).
+    uses_teacher: ClassVar[bool] = False
+    #: Whether the method needs every optimizer step to happen (no fp16 GradScaler skipping).
+    needs_exact_steps: ClassVar[bool] = False
+    #: How each upload key is reduced over clients: ``"mean"`` (Σ p_k·u_k, the default) or ``"sum"`` (Σ u_k).
+    upload_reduce: ClassVar[Mapping[str, str]] = {}
+
+    @property
+    def holdout_per_class_required(self) -> int:
+        """Server holdout samples per class the method needs (``--data.holdout_per_class``)."""
+        return 0
+
+    def on_round_start(self, server: ServerContext) -> dict[str, Any]:
+        """Server side, once per round with the global weights loaded: return what every client receives."""
+        return {}
+
+    def on_client_start(self, client: ClientContext) -> None:
+        """Client side, after the global weights (and teacher) are loaded and before the first local step."""
+
+    def before_local_step(self) -> None:
+        """Client side, between the backward pass and the optimizer step (e.g. to correct gradients)."""
+
+    def on_client_end(self, client: ClientContext) -> Mapping[str, Tensor] | None:
+        """Client side, after the last local step: return the upload sent with the weights (or ``None``)."""
+        return None
+
+    def server_update(
+        self, server: ServerContext, average: dict[str, Tensor], uploads: dict[str, Tensor]
+    ) -> dict[str, Tensor]:
+        """Server side, after every client: the new global weights from the clients' average and uploads."""
+        return average
+
+    # ---- teacher ------------------------------------------------------------------------------------------------
+
+    def teacher_needed(self, client: ClientContext) -> bool:
+        """Whether this client's update uses the teacher (default: :attr:`uses_teacher`)."""
+        return self.uses_teacher
+
+    def teacher_network(self) -> nn.Module:
+        """The network the teacher copies (default: the module's ``net`` attribute); override if it lives elsewhere."""
+        net = getattr(self, "net", None)
+        if not isinstance(net, nn.Module):
+            raise TypeError(
+                f"{type(self).__name__} uses a teacher but has no `net` attribute; "
+                "override teacher_network() to return the network to distil from"
+            )
+        return net
+
+    def refresh_teacher(self) -> None:
+        """Make the teacher a frozen copy of the network's current (global) weights; called by the callback."""
+        net = self.teacher_network()
+        teachers: list[nn.Module] = self.__dict__.setdefault("_teacher_store", [])
+        if not teachers:
+            teacher = copy.deepcopy(net)
+            teacher.requires_grad_(False)
+            teachers.append(teacher)
+        teachers[0].load_state_dict(net.state_dict())
+        param = next(net.parameters(), None)
+        if param is not None:
+            teachers[0].to(param.device)
+        teachers[0].eval()
+
+    @property
+    def teacher(self) -> nn.Module:
+        """The frozen copy of this round's global network (evaluation mode, no gradients)."""
+        teachers = self.__dict__.get("_teacher_store")
+        if not teachers:
+            raise RuntimeError(f"{type(self).__name__} has no teacher before its first client starts")
+        return teachers[0]
+
+    @torch.no_grad()
+    def teacher_logits(self, x: Tensor) -> Tensor:
+        """z_g: the global model's logits on ``x``, with no gradient."""
+        return self.teacher(x)
+
+
+class TeacherMixin(FederatedHooks):
+    """Mix into your own LightningModule to distil from the global model: ``self.teacher_logits(x)`` in your step.
+
+    Example::
+
+        class MyNTD(TeacherMixin, MyModule):
+            def training_step(self, batch, batch_idx):
+                x, y = batch
+                z = self(x)
+                return F.cross_entropy(z, y) + ntd_loss(z, self.teacher_logits(x), y)
+    """
+
+    uses_teacher = True
+
+
+class FedAvg(FederatedHooks, L.LightningModule):
     """FedAvg's local update (McMahan et al., AISTATS 2017, arXiv:1602.05629): L = CE(z, y).
 
-    Methods subclass this and override :meth:`client_loss` (and, if they need server or client state, the
-    per-round hooks :meth:`on_round_start`, :meth:`on_client_start`, :meth:`on_client_end`), which the
-    :class:`~fl_lightning.Federation` callback calls.
+    Methods subclass this and override :meth:`client_loss` and, if they need server or client state, the per-round
+    hooks of :class:`FederatedHooks` (table there), which the :class:`~fl_lightning.Federation` callback calls.
 
     Args:
         net: network name: ``lenet``, ``cnn``, ``tcnn``, ``resnet8``, ``resnet18`` or ``resnet50``.
@@ -39,15 +161,6 @@ class FedAvg(L.LightningModule):
             paper). Not part of any method; it keeps unbounded regularisers stable where the paper's step size is
             not (FedKA on LeNet/Fashion-MNIST, see the README).
     """
-
-    #: Short name used in results and tables.
-    method_name = "fedavg"
-    #: Whether the frozen global model is run as a teacher on every batch.
-    uses_teacher = False
-    #: Server holdout samples per class the method needs (``--data.holdout_per_class``).
-    holdout_per_class_required = 0
-    #: Whether the method needs every optimizer step to happen (no fp16 GradScaler skipping).
-    needs_exact_steps = False
 
     def __init__(
         self,
@@ -77,8 +190,6 @@ class FedAvg(L.LightningModule):
         self.net = build_model(net, in_channels, image_size, num_classes)
         self.num_classes = num_classes
         self.client: ClientContext | None = None
-        # Kept in a list so that the teacher is neither a submodule nor part of the state dict.
-        self._teacher: list[nn.Module] = []
         self._direct_step = False
         self._clip_grad_norm = clip_grad_norm
 
@@ -143,9 +254,6 @@ class FedAvg(L.LightningModule):
         if self._clip_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(self.parameters(), self._clip_grad_norm)
 
-    def before_local_step(self) -> None:
-        """Called between the backward pass and the optimizer step (e.g. to correct gradients)."""
-
     def client_loss(self, x: Tensor, y: Tensor) -> Tensor:
         """The method's local objective on one (augmented, normalised) batch."""
         return F.cross_entropy(self(x), y)
@@ -156,37 +264,3 @@ class FedAvg(L.LightningModule):
         logits = self(x).float()
         self.log("test/loss", F.cross_entropy(logits, y))
         self.log("test/acc", (logits.argmax(1) == y).float().mean())
-
-    # ---- federation hooks -------------------------------------------------------------------------------------
-
-    def on_round_start(self, server: ServerContext) -> dict[str, Any]:
-        """Server side, once per round with the global weights loaded: return what every client receives."""
-        return {}
-
-    def on_client_start(self, client: ClientContext) -> None:
-        """Client side, after the global weights are loaded and before the first local step."""
-        self.client = client
-        if self.uses_teacher:
-            if not self._teacher:
-                teacher = copy.deepcopy(self.net)
-                teacher.requires_grad_(False)
-                self._teacher.append(teacher)
-            self._teacher[0].load_state_dict(self.net.state_dict())
-            self._teacher[0].to(self.device).eval()
-
-    def on_client_end(self, client: ClientContext) -> None:
-        """Client side, after the last local step and before the weights are sent."""
-
-    # ---- teacher ------------------------------------------------------------------------------------------------
-
-    @property
-    def teacher(self) -> nn.Module:
-        """The frozen copy of this round's global network (evaluation mode, no gradients)."""
-        if not self._teacher:
-            raise RuntimeError(f"{type(self).__name__} has no teacher before its first client starts")
-        return self._teacher[0]
-
-    @torch.no_grad()
-    def teacher_logits(self, x: Tensor) -> Tensor:
-        """z_g: the global model's logits on ``x``, with no gradient."""
-        return self.teacher(x)

@@ -63,7 +63,7 @@ def test_round_is_average_of_clients(tmp_path):
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             # one training batch is one client's whole local update
-            local[self.fed._plan.clients[batch_idx]] = {k: v.clone() for k, v in pl_module.state_dict().items()}
+            local[self.fed.plan(trainer.current_epoch).clients[batch_idx]] = {k: v.clone() for k, v in pl_module.state_dict().items()}
 
     dm = FederatedDataModule("digits", num_clients=3, partition="iid", batch_size=64)
     model = FedAvg(net="lenet", num_classes=10, in_channels=1, image_size=8, lr=0.05)
@@ -267,7 +267,7 @@ def test_mixed_precision_on_gpu(tmp_path, precision):
         default_root_dir=str(tmp_path),
     )
     trainer.fit(model, datamodule=dm)
-    assert fed.history[-1]["global_acc"] > 0.5
+    assert fed.recorder.history[-1]["global_acc"] > 0.5
 
 
 def test_local_evaluation_metrics(tmp_path):
@@ -292,8 +292,8 @@ def test_step_hooks_path_gives_the_same_result(tmp_path):
     assert calls == []
     _, hooked, _ = tiny_run(tmp_path / "b", rounds=2, callbacks=[GradWatcher()], model_kwargs={"step_hooks": True})
     assert calls
-    assert [r["global_acc"] for r in direct.history] == [r["global_acc"] for r in hooked.history]
-    assert direct.history[-1]["global_loss"] == pytest.approx(hooked.history[-1]["global_loss"], rel=1e-6)
+    assert [r["global_acc"] for r in direct.recorder.history] == [r["global_acc"] for r in hooked.recorder.history]
+    assert direct.recorder.history[-1]["global_loss"] == pytest.approx(hooked.recorder.history[-1]["global_loss"], rel=1e-6)
 
 
 def test_client_batches_are_the_per_batch_sequence():

@@ -25,8 +25,8 @@ def test_method_learns(tmp_path, name):
         fed_kwargs={"local_epochs": 3},
         model_kwargs=_model_kwargs(name),
     )
-    accs = [row["global_acc"] for row in fed.history]
-    assert fed.status == "completed"
+    accs = [row["global_acc"] for row in fed.recorder.history]
+    assert fed.recorder.status == "completed"
     assert accs[-1] > 0.6, accs
     assert accs[-1] > accs[0]
     assert model.method_name == name
@@ -106,7 +106,7 @@ def test_ka_anchor_set(tmp_path):
 def test_kd_beta_zero_is_fedavg(tmp_path):
     _, fed_a, _ = tiny_run(tmp_path / "a", rounds=2)
     _, fed_k, _ = tiny_run(tmp_path / "k", method=METHODS["kd"], rounds=2, model_kwargs={"beta": 0.0})
-    assert fed_a.history[-1]["global_acc"] == pytest.approx(fed_k.history[-1]["global_acc"], abs=1e-6)
+    assert fed_a.recorder.history[-1]["global_acc"] == pytest.approx(fed_k.recorder.history[-1]["global_acc"], abs=1e-6)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,79 @@
+"""The few collectives a federated round needs across processes, and the balanced split of clients over ranks.
+
+Every function is a no-op (or the identity) in a single process, so the callback reads the same in both cases.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+
+def is_distributed() -> bool:
+    """Whether a process group with more than one process is running."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def rank_and_world() -> tuple[int, int]:
+    """This process's rank and the number of processes (0, 1 without a process group)."""
+    if not is_distributed():
+        return 0, 1
+    return dist.get_rank(), dist.get_world_size()
+
+
+def assign_clients(steps: Sequence[int], world_size: int) -> list[list[int]]:
+    """Split a round's client slots over ranks so that ranks finish together.
+
+    Longest-processing-time-first: slots in decreasing order of local steps, each to the rank with the least work so
+    far (ties to the lower rank). Each rank's slots are returned in increasing order; every slot appears once.
+
+    >>> assign_clients([10, 2, 7, 3], 2)
+    [[0, 1], [2, 3]]
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be at least 1, got {world_size}")
+    if len(steps) < world_size:
+        raise ValueError(
+            f"{len(steps)} clients per round cannot be shared by {world_size} processes; "
+            "raise --federation.sample_ratio or use fewer devices"
+        )
+    heap = [(0, rank) for rank in range(world_size)]
+    shares: list[list[int]] = [[] for _ in range(world_size)]
+    for slot in sorted(range(len(steps)), key=lambda s: (-steps[s], s)):
+        load, rank = heapq.heappop(heap)
+        shares[rank].append(slot)
+        heapq.heappush(heap, (load + steps[slot], rank))
+    return [sorted(share) for share in shares]
+
+
+def all_reduce_sum_(tensors: dict[str, Tensor]) -> None:
+    """Sum each tensor over all processes, in place (keys must match on every process)."""
+    if not is_distributed():
+        return
+    for name in sorted(tensors):
+        dist.all_reduce(tensors[name], op=dist.ReduceOp.SUM)
+
+
+def all_gather_object(obj: Any) -> list[Any]:
+    """Every process's ``obj``, in rank order (``[obj]`` in a single process)."""
+    if not is_distributed():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def to_device(tree: Any, device: torch.device | str) -> Any:
+    """``tree`` (dicts, lists, tuples of tensors) with every tensor moved to ``device``."""
+    if isinstance(tree, Tensor):
+        return tree.to(device)
+    if isinstance(tree, dict):
+        return {k: to_device(v, device) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(to_device(v, device) for v in tree)
+    return tree

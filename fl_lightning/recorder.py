@@ -1,0 +1,263 @@
+"""A run's record: per-round metrics, the summary, plots and logger output, written where scripts can read them.
+
+The :class:`~fl_lightning.Federation` callback measures; :class:`RunRecorder` keeps the history, derives the
+papers' metrics from it (best accuracy, forgetting F), writes ``metrics.csv``/``summary.json``/PNGs atomically into
+the run directory (on rank 0 only) and sends the rows to the Trainer's loggers with the round as the step.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import io
+import json
+import os
+import socket
+import subprocess
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+from lightning.pytorch.callbacks.progress import TQDMProgressBar
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+
+from fl_lightning.metrics import forgetting
+
+#: Final statuses a run can end with; ``running`` is written while it trains.
+STATUSES = ("completed", "diverged", "interrupted", "failed")
+
+#: Logger keys of the recorded columns (the rest keep their column name).
+_LOGGER_KEYS = {
+    "global_acc": "global/acc",
+    "global_loss": "global/loss",
+    "best_acc": "global/acc_best",
+    "forgetting": "global/forgetting",
+    "train_loss": "train/loss",
+    "lr": "train/lr",
+    "round_seconds": "time/round_seconds",
+    "local_acc_mean": "local/acc_mean",
+    "local_forgetting_degree": "local/forgetting_degree",
+}
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` so that a reader (or a kill) never sees a half-written file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", newline="") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class RunRecorder:
+    """The history of a federated run and the files it writes into ``run_dir``.
+
+    Args:
+        run_dir: the run directory (the Trainer's ``default_root_dir``).
+        info: the run's identity for ``summary.json`` (method, dataset, partition, clients, seed, ...).
+        plots: draw ``curve.png`` (and the caller's partition plot).
+        total_rounds: rounds the run is planned for.
+    """
+
+    def __init__(self, run_dir: Path, info: Mapping[str, Any], plots: bool, total_rounds: int) -> None:
+        self.run_dir = run_dir
+        self.info = dict(info)
+        self.plots = plots
+        self.total_rounds = total_rounds
+        self.history: list[dict[str, float]] = []
+        self.class_acc_history: list[list[float]] = []
+        self.elapsed = 0.0
+        self.status = "running"
+        self.error: str | None = None
+        self.diverged_round: int | None = None
+        self.started = False
+
+    # ---- state ---------------------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs to continue the record."""
+        return {
+            "history": self.history,
+            "class_acc_history": self.class_acc_history,
+            "elapsed": self.elapsed,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue the record of a checkpointed run."""
+        self.history = list(state["history"])
+        self.class_acc_history = list(state["class_acc_history"])
+        self.elapsed = float(state["elapsed"])
+        self.status = "running"
+
+    # ---- recording -------------------------------------------------------------------------------------------------
+
+    def start(self, trainer: L.Trainer) -> None:
+        """Mark the run as running (called once training really starts, after any checkpoint was accepted)."""
+        self.started = True
+        if trainer.is_global_zero:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._write_summary()
+
+    def record_round(self, trainer: L.Trainer, measured: Mapping[str, Any], class_acc: np.ndarray) -> dict[str, float]:
+        """Add one evaluated round (``measured`` holds round, global_acc, global_loss, ...); returns the full row."""
+        self.class_acc_history.append([float(a) for a in class_acc])
+        prev_best = max((row["global_acc"] for row in self.history), default=-1.0)
+        row: dict[str, float] = dict(measured)
+        row["best_acc"] = max(float(measured["global_acc"]), prev_best)
+        row["forgetting"] = forgetting(self.class_acc_history)
+        row["elapsed_seconds"] = self.elapsed
+        row.update({f"acc_class_{c}": float(a) for c, a in enumerate(class_acc)})
+        self.history.append(row)
+        self._log(trainer, row)
+        self.say(
+            trainer,
+            f"round {int(row['round'])}/{self.total_rounds}  acc {row['global_acc']:.4f}  best {row['best_acc']:.4f}  "
+            f"test loss {row['global_loss']:.4f}  train loss {row['train_loss']:.4f}  lr {row['lr']:.4g}  "
+            f"{row['round_seconds']:.1f}s",
+        )
+        if trainer.is_global_zero:
+            self._write_metrics()
+            self._write_summary()
+        return row
+
+    def finish(self, trainer: L.Trainer, status: str, error: str | None = None) -> None:
+        """End the record with ``status`` (one of :data:`STATUSES`): final files, plot and logger summary."""
+        if status not in STATUSES:
+            raise ValueError(f"unknown run status {status!r}")
+        self.status, self.error = status, error
+        if not self.started or not trainer.is_global_zero:
+            return
+        self._write_metrics()
+        self._write_summary()
+        if self.plots and self.history:
+            from fl_lightning.plots import plot_curve
+
+            rounds = [int(row["round"]) for row in self.history]
+            accs = [row["global_acc"] for row in self.history]
+            title = f"{self.info.get('method')} on {self.info.get('dataset')}, {self.info.get('partition')}"
+            plot_curve(rounds, accs, self.run_dir / "curve.png", title)
+        self._send_summary(trainer)
+        if status == "completed" and self.history:
+            best = max(r["global_acc"] for r in self.history)
+            rank_zero_info(
+                f"done: final acc {self.history[-1]['global_acc']:.4f}, best {best:.4f} "
+                f"in {self.elapsed:.1f}s; results in {self.run_dir}"
+            )
+        elif status == "interrupted":
+            rank_zero_warn(f"run interrupted; resume it with --ckpt_path last (results so far in {self.run_dir})")
+        elif status == "failed":
+            rank_zero_warn(f"run failed: {error} (results so far in {self.run_dir})")
+
+    def summary(self) -> dict[str, Any]:
+        """The run's results in one flat dict (``summary.json``)."""
+        accs = [row["global_acc"] for row in self.history]
+        best_i = int(np.argmax(accs)) if accs else -1
+        out: dict[str, Any] = dict(self.info)
+        out.update(
+            {
+                "rounds": self.total_rounds,
+                "rounds_done": int(self.history[-1]["round"]) if self.history else 0,
+                "final_acc": accs[-1] if accs else None,
+                "best_acc": accs[best_i] if accs else None,
+                "best_round": int(self.history[best_i]["round"]) if accs else None,
+                "last10_mean_acc": float(np.mean(accs[-10:])) if accs else None,
+                "forgetting": self.history[-1]["forgetting"] if accs else None,
+                "wall_seconds": round(self.elapsed, 3),
+                "status": self.status,
+                "git_rev": git_revision(),
+                "updated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            }
+        )
+        if self.status == "running":
+            out["pid"], out["host"] = os.getpid(), socket.gethostname()
+        if self.diverged_round is not None:
+            out["diverged_round"] = self.diverged_round
+        if self.error:
+            out["error"] = self.error
+        return out
+
+    def say(self, trainer: L.Trainer, message: str) -> None:
+        """Print a line above the progress bar (rank 0 only)."""
+        bar = trainer.progress_bar_callback
+        if isinstance(bar, TQDMProgressBar) and trainer.is_global_zero and bar.is_enabled:
+            bar.print(message)
+        else:
+            rank_zero_info(message)
+
+    def write_partition(self, counts: np.ndarray, title: str) -> None:
+        """``partition.csv`` (client × class counts) and its heatmap."""
+        buf = io.StringIO()
+        writer = csv.writer(buf)
+        writer.writerow(["client", "total", *[f"class_{c}" for c in range(counts.shape[1])]])
+        for i, row in enumerate(counts):
+            writer.writerow([i, int(row.sum()), *[int(v) for v in row]])
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.run_dir / "partition.csv", buf.getvalue())
+        if self.plots:
+            from fl_lightning.plots import plot_partition
+
+            plot_partition(counts, self.run_dir / "partition.png", title)
+
+    # ---- files and loggers ---------------------------------------------------------------------------------------
+
+    def _write_metrics(self) -> None:
+        if not self.history:
+            return
+        fields: list[str] = []
+        for row in self.history:
+            fields.extend(k for k in row if k not in fields)
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(self.history)
+        write_atomic(self.run_dir / "metrics.csv", buf.getvalue())
+
+    def _write_summary(self) -> None:
+        write_atomic(self.run_dir / "summary.json", json.dumps(self.summary(), indent=2))
+
+    def _log(self, trainer: L.Trainer, row: Mapping[str, float]) -> None:
+        if not trainer.loggers:
+            return
+        metrics: dict[str, float] = {}
+        for key, value in row.items():
+            if key in ("round", "clients", "elapsed_seconds"):
+                continue
+            if key.startswith("acc_class_"):
+                metrics[f"global_class/acc_{key[10:]}"] = value
+            else:
+                metrics[_LOGGER_KEYS.get(key, key)] = value
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=int(row["round"]))
+
+    def _send_summary(self, trainer: L.Trainer) -> None:
+        """Final summary and figures to loggers that take them (W&B)."""
+        summary = self.summary()
+        for logger in trainer.loggers:
+            experiment = getattr(logger, "experiment", None)
+            if hasattr(experiment, "summary") and hasattr(experiment.summary, "update"):
+                experiment.summary.update({k: v for k, v in summary.items() if v is not None})
+            if hasattr(logger, "log_image"):
+                for name in ("curve", "partition"):
+                    path = self.run_dir / f"{name}.png"
+                    if path.exists():
+                        logger.log_image(key=f"plots/{name}", images=[str(path)])
+
+
+@functools.lru_cache(maxsize=1)
+def git_revision() -> str | None:
+    """The short git revision of the fl_lightning checkout (None outside a git checkout)."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            cwd=Path(__file__).resolve().parent,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None

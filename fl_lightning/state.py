@@ -1,0 +1,105 @@
+"""Per-client state kept by the server between rounds: on the CPU, or on disk once a memory budget is used up."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fl_lightning.distributed import to_device
+
+
+def state_nbytes(tree: Any) -> int:
+    """Bytes held by the tensors in a (nested) state."""
+    if isinstance(tree, Tensor):
+        return tree.numel() * tree.element_size()
+    if isinstance(tree, dict):
+        return sum(state_nbytes(v) for v in tree.values())
+    if isinstance(tree, (list, tuple)):
+        return sum(state_nbytes(v) for v in tree)
+    return 0
+
+
+class ClientStateStore:
+    """Every client's persistent state (``ClientContext.state``), stored off the accelerator.
+
+    States are kept in CPU memory until they hold ``max_memory_mb``; further clients' states are written to
+    ``spill_dir`` (one file per client) and read back when that client trains again. Checkpoints hold every state,
+    wherever it lives, so a resumed run continues exactly.
+
+    Args:
+        max_memory_mb: CPU memory for client states before spilling to disk (``None``: no limit).
+        spill_dir: folder for spilled states (needed when ``max_memory_mb`` is set).
+    """
+
+    def __init__(self, max_memory_mb: float | None = None, spill_dir: str | Path | None = None) -> None:
+        if max_memory_mb is not None and max_memory_mb < 0:
+            raise ValueError(f"client state memory limit must be >= 0 MB, got {max_memory_mb}")
+        if max_memory_mb is not None and spill_dir is None:
+            raise ValueError("a client state memory limit needs a folder to spill to")
+        self.max_bytes = None if max_memory_mb is None else int(max_memory_mb * 2**20)
+        self.spill_dir = Path(spill_dir) if spill_dir is not None else None
+        self._memory: dict[int, dict[str, Any]] = {}
+        self._on_disk: set[int] = set()
+        self._bytes = 0
+
+    def __contains__(self, client: int) -> bool:
+        return client in self._memory or client in self._on_disk
+
+    def __len__(self) -> int:
+        return len(self._memory) + len(self._on_disk)
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes of client state held in CPU memory."""
+        return self._bytes
+
+    def get(self, client: int) -> dict[str, Any]:
+        """A copy-free view of the client's state (an empty dict for a client seen for the first time)."""
+        if client in self._memory:
+            return self._memory[client]
+        if client in self._on_disk:
+            return torch.load(self._path(client), map_location="cpu", weights_only=False)
+        return {}
+
+    def put(self, client: int, state: dict[str, Any]) -> None:
+        """Store the client's state (its tensors moved to the CPU), replacing the previous one."""
+        state = to_device(state, "cpu")
+        self._bytes -= state_nbytes(self._memory.pop(client, {}))
+        size = state_nbytes(state)
+        if self.max_bytes is None or self._bytes + size <= self.max_bytes:
+            self._memory[client] = state
+            self._bytes += size
+            if client in self._on_disk:
+                self._on_disk.discard(client)
+                self._path(client).unlink(missing_ok=True)
+            return
+        assert self.spill_dir is not None
+        self.spill_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self._path(client).with_suffix(".tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, self._path(client))
+        self._on_disk.add(client)
+
+    def items(self) -> Iterator[tuple[int, dict[str, Any]]]:
+        """Every (client, state), in client order."""
+        for client in sorted(set(self._memory) | self._on_disk):
+            yield client, self.get(client)
+
+    def state_dict(self) -> dict[int, dict[str, Any]]:
+        """All states, for a checkpoint."""
+        return dict(self.items())
+
+    def load_state_dict(self, states: dict[int, dict[str, Any]]) -> None:
+        """Replace every state with the checkpoint's."""
+        self._memory, self._on_disk, self._bytes = {}, set(), 0
+        for client, state in sorted(states.items()):
+            self.put(int(client), state)
+
+    def _path(self, client: int) -> Path:
+        assert self.spill_dir is not None
+        return self.spill_dir / f"client_{client}.pt"
