@@ -528,7 +528,7 @@ def test_feddyn_small_alpha_round_is_fedavg_clients_plus_the_drift(tmp_path):
 
 
 def _metrics(fed):
-    return [(row["global_acc"], row["global_loss"], row["train_loss"]) for row in fed.history]
+    return [(row["global_acc"], row["global_loss"], row["train_loss"]) for row in fed.recorder.history]
 
 
 @needs_plumbing
@@ -546,7 +546,7 @@ def test_interrupted_run_resumes_identically(tmp_path, name):
     ckpt = tmp_path / "cut" / "checkpoints" / "last.ckpt"
     assert ckpt.exists()
     _, resumed, resumed_model = tiny_run(tmp_path / "cut", rounds=4, ckpt_path=str(ckpt), **kwargs)
-    assert len(resumed.history) == 4
+    assert len(resumed.recorder.history) == 4
     assert _metrics(resumed) == _metrics(full)
     for key, value in full_model.state_dict().items():
         assert torch.equal(resumed_model.state_dict()[key], value), key
