@@ -470,9 +470,10 @@ class FedNova(FedAvg):
     """FedNova (Wang et al., NeurIPS 2020, arXiv:2007.07481): normalized averaging of the local updates.
 
     A client that took K steps with momentum ρ uploads a_k (:func:`~fl_lightning.losses.fednova_a`) and its normalized
-    update d_k = (w_g − w_k)/a_k; the server steps w_g ← w_g − τ_eff·Σ_k p_k d_k with τ_eff = Σ_k p_k a_k, so that
-    clients with more local steps do not pull the global model towards their own objective. Buffers are averaged.
-    With equal K and no momentum this is FedAvg. Stateless: no memory per client.
+    update d_k = (w_g − w_k)/a_k; the server steps w_g ← w_g − τ_eff·Σ_k p_k d_k with τ_eff = Σ_k p_k a_k (p_k the
+    aggregation weights: sample sizes, as in the paper, unless ``--federation.aggregation uniform``), so that clients
+    with more local steps do not pull the global model towards their own objective. Buffers are averaged. With equal K
+    and no momentum this is FedAvg. Stateless: no memory per client.
 
     Args:
         **kwargs: see :class:`~fl_lightning.module.FedAvg`.
