@@ -133,6 +133,9 @@ class RoundBatches:
             yield from self.batches()
             return
         for client in self.plan.clients:
+            if client < 0:  # padding that keeps processes in step (Federation.local_plan)
+                yield ClientBatches(self.x[:0], self.y[:0], [])
+                continue
             idx = self.client_indices[client]
             yield ClientBatches(self.x[idx], self.y[idx], list(self._positions(client)))
 

@@ -170,16 +170,21 @@ class Federation(Callback):
         return plan
 
     def local_plan(self, round_idx: int) -> RoundPlan:
-        """This process's share of round ``round_idx``: the clients it trains (all of them in a single process)."""
+        """This process's share of round ``round_idx``: the clients it trains (all of them in a single process).
+
+        Every process gets the same number of training batches (Lightning synchronises processes at every batch):
+        a process with fewer clients than another is padded with empty updates (client id -1, no steps).
+        """
         plan = self.plan(round_idx)
         rank, world = rank_and_world()
         if world == 1:
             return plan
-        slots = assign_clients(plan.steps, world)[rank]
+        shares = assign_clients(plan.steps, world)
+        padding = max(map(len, shares)) - len(shares[rank])
         return RoundPlan(
             plan.round,
-            tuple(plan.clients[s] for s in slots),
-            tuple(plan.steps[s] for s in slots),
+            tuple(plan.clients[s] for s in shares[rank]) + (-1,) * padding,
+            tuple(plan.steps[s] for s in shares[rank]) + (0,) * padding,
             plan.local_epochs,
             plan.lr_scale,
         )
@@ -200,6 +205,11 @@ class Federation(Callback):
         self._hooks = isinstance(pl_module, FederatedHooks)
         self._client_batches = isinstance(pl_module, FedAvg)
         self._check_trainer(trainer, pl_module)
+        if trainer.world_size > 1 and not self._client_batches:
+            raise TypeError(
+                f"several processes need an fl_lightning method module (FedAvg or a subclass); {type(pl_module).__name__} "
+                "trains per-step batches, which cannot be padded to keep the processes in step: use one device"
+            )
         need = pl_module.holdout_per_class_required if self._hooks else 0
         if dm.holdout_per_class < need:
             raise ValueError(
@@ -342,7 +352,8 @@ class Federation(Callback):
         rnd = self._round
         assert rnd is not None
         if self._client_batches:
-            self._start_client(trainer, pl_module, batch_idx)
+            if batch_idx < len(rnd.slots):  # beyond: padding (see local_plan)
+                self._start_client(trainer, pl_module, batch_idx)
         elif batch_idx in rnd.first_batch[:-1]:
             self._start_client(trainer, pl_module, rnd.first_batch.index(batch_idx))
 
@@ -400,11 +411,12 @@ class Federation(Callback):
         """A client ends after its last batch: collect its weights, upload, state and training loss."""
         rnd = self._round
         assert rnd is not None
-        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if loss is not None:
             rnd.step_losses.append(loss.detach().float())
         if self._client_batches:
-            self._end_client(trainer, pl_module, batch_idx)
+            if batch_idx < len(rnd.slots):
+                self._end_client(trainer, pl_module, batch_idx)
         elif batch_idx + 1 in rnd.first_batch[1:]:
             self._end_client(trainer, pl_module, rnd.first_batch.index(batch_idx + 1) - 1)
 

@@ -206,10 +206,10 @@ class FedAvg(FederatedHooks, L.LightningModule):
             weight_decay=self.hparams.weight_decay,
         )
 
-    def training_step(self, batch: Iterable[tuple[Tensor, Tensor]], batch_idx: int) -> Tensor:
+    def training_step(self, batch: Iterable[tuple[Tensor, Tensor]], batch_idx: int) -> Tensor | None:
         """One client's local update: a step on each of its batches (``batch_idx`` is the client's slot in the round).
 
-        Returns the mean training loss over its steps.
+        Returns the mean training loss over its steps (``None`` for the empty updates that pad a process's share).
         """
         total = None
         steps = 0
@@ -217,9 +217,7 @@ class FedAvg(FederatedHooks, L.LightningModule):
             loss = self.local_step(x, y)
             total = loss if total is None else total + loss
             steps += 1
-        if total is None:
-            raise ValueError(f"client slot {batch_idx} has no local batch")
-        return total / steps
+        return None if total is None else total / steps
 
     def local_step(self, x: Tensor, y: Tensor) -> Tensor:
         """One local optimizer step on one (augmented, normalised) batch; returns its detached loss."""

@@ -32,7 +32,7 @@ def fit(method: str, run_dir: Path, devices: int, rounds: int, ckpt_path: str | 
         devices=devices,
         strategy="ddp" if devices > 1 else "auto",
         max_epochs=rounds,
-        callbacks=[Federation(rounds=rounds, sample_ratio=0.5, local_epochs=1, plots=False),
+        callbacks=[Federation(rounds=rounds, sample_ratio=0.5, local_epochs=2, plots=False),
                    ModelCheckpoint(dirpath=run_dir / "checkpoints", save_last=True, save_top_k=0)],
         logger=False,
         enable_progress_bar=False,

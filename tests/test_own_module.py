@@ -1,0 +1,74 @@
+"""A user's own LightningModule under the Federation callback: federated as FedAvg, or with a method's loss."""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fl_lightning import FedAvg, FederatedDataModule, Federation
+from fl_lightning.losses import ntd_loss
+from fl_lightning.methods import FedNTD
+from fl_lightning.models import build_model
+from fl_lightning.module import TeacherMixin
+
+
+class PlainClassifier(L.LightningModule):
+    """What a Lightning user already has: ordinary training_step and configure_optimizers."""
+
+    def __init__(self, lr: float = 0.05) -> None:
+        super().__init__()
+        self.net = build_model("lenet", 1, 8, 10)
+        self.lr = lr
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return F.cross_entropy(self(x), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9, weight_decay=1e-5)
+
+
+class PlainNTD(TeacherMixin, PlainClassifier):
+    """The same module with FedNTD's loss added in a few lines."""
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        z = self(x)
+        return F.cross_entropy(z, y) + ntd_loss(z, self.teacher_logits(x), y)
+
+
+def _fit(tmp_path, model: L.LightningModule, rounds: int = 2) -> Federation:
+    dm = FederatedDataModule("digits", num_clients=4, partition="dirichlet", alpha=1.0, batch_size=32)
+    fed = Federation(rounds=rounds, local_epochs=1, plots=False)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        callbacks=[fed],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+    )
+    trainer.fit(model, datamodule=dm)
+    return fed
+
+
+@pytest.mark.parametrize(("own", "method"), [(PlainClassifier, FedAvg), (PlainNTD, FedNTD)])
+def test_own_module_equals_the_builtin_method(tmp_path, own, method) -> None:
+    torch.manual_seed(0)
+    mine = own()
+    builtin = method(net="lenet", num_classes=10, in_channels=1, image_size=8, lr=0.05)
+    builtin.net.load_state_dict(mine.net.state_dict())
+    fed_mine = _fit(tmp_path / "mine", mine)
+    fed_builtin = _fit(tmp_path / "builtin", builtin)
+    accs_mine = [r["global_acc"] for r in fed_mine.recorder.history]
+    accs_builtin = [r["global_acc"] for r in fed_builtin.recorder.history]
+    assert accs_mine == pytest.approx(accs_builtin, abs=1e-6)
+    for name, value in builtin.net.state_dict().items():
+        torch.testing.assert_close(mine.net.state_dict()[name], value, atol=1e-5, rtol=1e-5)
+    assert fed_mine.recorder.status == "completed"

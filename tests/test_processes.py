@@ -1,0 +1,65 @@
+"""Several processes share a round's clients (DDP on CPU, gloo) and give the single-process results."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from fl_lightning.methods import METHODS
+
+SCRIPT = Path(__file__).with_name("_federate_processes.py")
+# FedAvg, a distillation method, and a method with server and client state.
+PROC_METHODS = ["fedavg", "fedntd", *(["scaffold"] if "scaffold" in METHODS else ["fedka"])]
+
+
+def _run(out: Path, devices: int, rounds: int, *extra: str) -> None:
+    # One thread per process in both runs, so that every client's arithmetic is the same kernel for kernel.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    cmd = [sys.executable, str(SCRIPT), str(out), str(devices), str(rounds), *PROC_METHODS, *extra]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def _rows(run_dir: Path) -> list[dict[str, str]]:
+    with open(run_dir / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("processes")
+    out = {"one": root / "one", "two": root / "two", "two_resumed": root / "two_resumed"}
+    _run(out["one"], 1, 3)
+    _run(out["two"], 2, 3)
+    _run(out["two_resumed"], 2, 3, "--resume-from", "2")
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", PROC_METHODS)
+@pytest.mark.parametrize("other", ["two", "two_resumed"])
+def test_two_processes_match_one(runs: dict[str, Path], method: str, other: str) -> None:
+    one, two = _rows(runs["one"] / method), _rows(runs[other] / method)
+    assert [r["round"] for r in two] == ["1", "2", "3"]
+    for a, b in zip(one, two, strict=True):
+        assert float(b["global_acc"]) == pytest.approx(float(a["global_acc"]), abs=1e-4)
+        assert float(b["global_loss"]) == pytest.approx(float(a["global_loss"]), abs=1e-4)
+        assert float(b["train_loss"]) == pytest.approx(float(a["train_loss"]), abs=1e-4)
+    w1 = torch.load(runs["one"] / method / "weights.pt")
+    w2 = torch.load(runs[other] / method / "weights.pt")
+    for name, value in w1.items():
+        torch.testing.assert_close(w2[name], value, atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+def test_results_are_written_once(runs: dict[str, Path]) -> None:
+    run_dir = runs["two"] / "fedavg"
+    assert [int(r["round"]) for r in _rows(run_dir)] == [1, 2, 3]
+    assert (run_dir / "summary.json").exists()
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["last.ckpt"]
