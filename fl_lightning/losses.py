@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 # A finite stand-in for −∞ in float32 logits: exp(_VERY_NEGATIVE − anything reasonable) is exactly 0, and neither it
 # nor a logsumexp over a row made only of it overflows.
@@ -493,3 +493,161 @@ def restricted_logits(logits: Tensor, present: Tensor, alpha: float = 0.5) -> Te
     keep = present.to(device=logits.device, dtype=torch.bool)
     scale = torch.where(keep, torch.ones((), device=logits.device), torch.full((), alpha, device=logits.device))
     return logits * scale.to(logits.dtype)[None, :]
+
+
+# ---- the stateful baselines' client-side terms (SCAFFOLD, FedNova, FedDyn, FedCurv) ----------------------------------
+
+
+def fednova_a(steps: int, momentum: float = 0.0) -> float:
+    """FedNova's a_k: how many plain gradient steps K heavy-ball steps with momentum ρ add up to.
+
+    a_k = (K − ρ(1 − ρ^K)/(1 − ρ)) / (1 − ρ), which is K for ρ = 0 (Wang et al., NeurIPS 2020, arXiv:2007.07481,
+    §5). With a constant gradient g, K steps of PyTorch's SGD move the weights by lr·a_k·g. SCAFFOLD uses lr·a_k as its
+    effective step sum in place of K·lr.
+
+    Args:
+        steps: The local optimizer steps K (>= 1).
+        momentum: The local SGD momentum ρ in [0, 1).
+
+    Returns:
+        a_k as a float.
+
+    >>> fednova_a(5)
+    5.0
+    >>> fednova_a(2, 0.5)  # steps move by g, then by 0.5·g + g
+    2.5
+    """
+    if steps < 1 or not 0 <= momentum < 1:
+        raise ValueError(f"fednova_a needs steps >= 1 and momentum in [0, 1), got {steps}, {momentum}")
+    if momentum == 0:
+        return float(steps)
+    rho = float(momentum)
+    return (steps - rho * (1 - rho**steps) / (1 - rho)) / (1 - rho)
+
+
+def scaffold_control_update(c_k: Tensor, c: Tensor, w_global: Tensor, w_local: Tensor, step_sum: float) -> Tensor:
+    """SCAFFOLD's new client control variate, option II (Karimireddy et al., ICML 2020, arXiv:1910.06378, eq. 4).
+
+    c_k⁺ = c_k − c + (w_g − w_k)/(K·lr), with ``step_sum`` = K·lr (lr·a_k with local momentum, see :func:`fednova_a`).
+
+    Args:
+        c_k: The client's control variate before the round.
+        c: The server's control variate received this round.
+        w_global: The global weights w_g the client started from.
+        w_local: The client's weights w_k after its local steps.
+        step_sum: The effective step sum K·lr (> 0).
+
+    Returns:
+        c_k⁺, shaped like ``c_k``.
+
+    >>> scaffold_control_update(torch.tensor([1.0]), torch.tensor([3.0]), torch.tensor([2.0]), torch.tensor([1.0]), 0.5)
+    tensor([0.])
+    """
+    if not step_sum > 0:
+        raise ValueError(f"step_sum must be positive, got {step_sum}")
+    return c_k - c + (w_global - w_local) / step_sum
+
+
+def feddyn_linear_term(params: Sequence[Tensor], h: Sequence[Tensor]) -> Tensor:
+    """FedDyn's linear term −⟨h_k, w⟩ (Acar et al., ICLR 2021, arXiv:2111.04263, Algorithm 1).
+
+    The module adds it and (α/2)·:func:`prox_term` to the cross-entropy; h_k is a constant.
+
+    Args:
+        params: The local parameters w.
+        h: The client's state h_k, one tensor per parameter.
+
+    Returns:
+        The float32 scalar −Σ_j ⟨h_j, w_j⟩.
+
+    >>> float(feddyn_linear_term([torch.tensor([1.0, 2.0])], [torch.tensor([3.0, -1.0])]))
+    -1.0
+    """
+    params, h = list(params), list(h)
+    if len(params) != len(h):
+        raise ValueError(f"{len(params)} parameters but {len(h)} state tensors")
+    total = torch.zeros((), device=params[0].device if params else "cpu")
+    for w, hj in zip(params, h, strict=True):
+        total = total - (w.float() * hj.detach().float().to(w.device)).sum()
+    return total
+
+
+def fedcurv_penalty(
+    params: Sequence[Tensor],
+    fisher_sum: Sequence[Tensor],
+    fisher_w_sum: Sequence[Tensor],
+    fisher_w2_sum: Sequence[Tensor],
+) -> Tensor:
+    """FedCurv's penalty Σ_j F_j ⊙ (w − w_j)², summed over entries (Shoham et al., 2019, arXiv:1910.07796, eq. 8).
+
+    Computed from the server's sums, expanded as w²·ΣF_j − 2w·Σ(F_j ⊙ w_j) + Σ(F_j ⊙ w_j²), so that the client needs
+    three model-sized sums rather than every other client's Fisher and weights. The module multiplies it by λ.
+
+    Args:
+        params: The local parameters w.
+        fisher_sum: Σ_j F_j per parameter (the other clients' diagonal Fishers).
+        fisher_w_sum: Σ_j F_j ⊙ w_j per parameter.
+        fisher_w2_sum: Σ_j F_j ⊙ w_j² per parameter.
+
+    Returns:
+        The float32 scalar penalty (λ not applied).
+
+    >>> w, f, wj = torch.tensor([1.0, 2.0]), torch.tensor([2.0, 0.5]), torch.tensor([0.0, 4.0])
+    >>> float(fedcurv_penalty([w], [f], [f * wj], [f * wj * wj]))  # 2·1² + 0.5·2²
+    4.0
+    """
+    params = list(params)
+    sums = [list(fisher_sum), list(fisher_w_sum), list(fisher_w2_sum)]
+    if any(len(s) != len(params) for s in sums):
+        raise ValueError(f"{len(params)} parameters but sums of lengths {[len(s) for s in sums]}")
+    total = torch.zeros((), device=params[0].device if params else "cpu")
+    for w, f, fw, fw2 in zip(params, *sums, strict=True):
+        w = w.float()
+        dev = w.device
+        total = total + (w * w * f.detach().float().to(dev) - 2 * w * fw.detach().float().to(dev)).sum()
+        total = total + fw2.detach().float().to(dev).sum()
+    return total
+
+
+def diagonal_fisher(net: nn.Module, x: Tensor, y: Tensor, batch_size: int = 64) -> dict[str, Tensor]:
+    """The empirical diagonal Fisher of ``net``: the mean over samples of each per-sample CE gradient squared.
+
+    F = (1/n)·Σ_i (∂ CE(net(x_i), y_i)/∂w)², FedCurv's curvature estimate (Shoham et al., 2019, arXiv:1910.07796).
+    The network runs in evaluation mode (BatchNorm uses its running statistics), per-sample gradients come from
+    ``torch.func.vmap`` over chunks of ``batch_size`` samples, and the result is float32.
+
+    Args:
+        net: The network (logits from ``forward``).
+        x: Its (normalised) inputs, ``[n, ...]``, n >= 1.
+        y: Their labels, int64 ``[n]``.
+        batch_size: Samples per vmapped chunk.
+
+    Returns:
+        Parameter name -> F, shaped like the parameter (trainable parameters only).
+
+    >>> net = nn.Linear(1, 2, bias=False)
+    >>> _ = net.weight.data.zero_()  # logits 0, p = (½, ½): ∂CE/∂W = (p − onehot(y))·x = (−½, ½)
+    >>> diagonal_fisher(net, torch.ones(3, 1), torch.zeros(3, dtype=torch.long))["weight"].flatten().tolist()
+    [0.25, 0.25]
+    """
+    if len(y) == 0 or len(x) != len(y):
+        raise ValueError(f"diagonal_fisher needs as many inputs as labels (at least one), got {len(x)} and {len(y)}")
+    params = {n: p.detach() for n, p in net.named_parameters() if p.requires_grad}
+    buffers = {n: b.detach() for n, b in net.named_buffers()}
+
+    def sample_loss(p: dict[str, Tensor], xi: Tensor, yi: Tensor) -> Tensor:
+        logits = torch.func.functional_call(net, (p, buffers), (xi[None],))
+        return F.cross_entropy(logits.float(), yi[None])
+
+    per_sample = torch.func.vmap(torch.func.grad(sample_loss), in_dims=(None, 0, 0))
+    total = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in params.items()}
+    was_training = net.training
+    net.eval()
+    try:
+        for start in range(0, len(y), batch_size):
+            grads = per_sample(params, x[start : start + batch_size], y[start : start + batch_size])
+            for n, g in grads.items():
+                total[n] += g.float().pow(2).sum(0)
+    finally:
+        net.train(was_training)
+    return {n: t / len(y) for n, t in total.items()}

@@ -6,11 +6,13 @@ See ``METHODS.md`` (shared with the project) for the exact equations.
 
 from __future__ import annotations
 
-from typing import Any
+import copy
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from fl_lightning import losses
 from fl_lightning.context import ClientContext, ServerContext
@@ -363,6 +365,360 @@ def _first_per_class(labels: Tensor, k: int) -> Tensor:
     return torch.cat(keep) if keep else torch.zeros(0, dtype=torch.long)
 
 
+# ---- the stateful baselines -------------------------------------------------------------------------------------
+# Their states and uploads are flat vectors over the trainable parameters in ``named_parameters()`` order (one tensor
+# per state: cheap to checkpoint, to reduce over clients, and to split into per-parameter views).
+
+
+def _param_vector(module: nn.Module) -> Tensor:
+    """The module's trainable parameters, flattened and concatenated (detached)."""
+    return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
+
+
+def _state_vector(state: Mapping[str, Tensor], module: nn.Module) -> Tensor:
+    """The entries of a state dict that are ``module``'s parameters, flattened in ``named_parameters()`` order."""
+    return torch.cat([state[name].detach().reshape(-1) for name, _ in module.named_parameters()])
+
+
+def _param_views(vector: Tensor, module: nn.Module) -> list[Tensor]:
+    """``vector`` split into views shaped like ``module``'s parameters (no copy)."""
+    shapes = [p.shape for p in module.parameters()]
+    return [v.view(shape) for v, shape in zip(vector.split([s.numel() for s in shapes]), shapes, strict=True)]
+
+
+def _with_params(state: Mapping[str, Tensor], vector: Tensor, module: nn.Module) -> dict[str, Tensor]:
+    """A copy of ``state`` whose parameter entries are taken from ``vector`` (buffers kept)."""
+    out = dict(state)
+    for (name, _), value in zip(module.named_parameters(), _param_views(vector, module), strict=True):
+        out[name] = value.to(state[name].dtype)
+    return out
+
+
+class SCAFFOLD(FedAvg):
+    """SCAFFOLD, option II (Karimireddy et al., ICML 2020, arXiv:1910.06378): drift correction by control variates.
+
+    Every local step descends g + c − c_k; after K steps the client's control becomes
+    c_k⁺ = c_k − c + (w_g − w_k)/(lr·a_k) (a_k = K without momentum, FedNova's a_k with it) and it uploads
+    Δc_k = c_k⁺ − c_k. The server moves w_g ← w_g + η_g·(Σ_k p_k w_k − w_g) on the parameters and
+    c ← c + (1/N)·Σ_{k∈S} Δc_k, which keeps c the mean of all N client controls. The server-state example of the
+    hooks: c lives in ``server.state["c"]``, goes down in ``on_round_start``'s payload and is updated in
+    ``server_update``; each c_k lives in its client's ``state``. Memory: one model-sized control per client that has
+    trained (CPU) and one on the server.
+
+    Args:
+        server_lr: global step size η_g (1: the averaged weights).
+        **kwargs: see :class:`~fl_lightning.module.FedAvg`.
+    """
+
+    method_name = "scaffold"
+    needs_exact_steps = True
+    # Σ_k Δc_k (not a weighted mean): METHODS.md's (|S|/N)·mean(Δc_k) = (1/N)·Σ_{k∈S} Δc_k, whatever the aggregation.
+    upload_reduce: ClassVar[Mapping[str, str]] = {"delta_c": "sum"}
+
+    def __init__(self, server_lr: float = 1.0, **kwargs: Any) -> None:
+        if server_lr <= 0:
+            raise ValueError(f"SCAFFOLD needs server_lr > 0, got {server_lr}")
+        super().__init__(**kwargs)
+        self.server_lr = server_lr
+        self._c: Tensor | None = None
+        self._c_k: Tensor | None = None
+        self._correction: list[Tensor] = []
+
+    def on_round_start(self, server: ServerContext) -> dict[str, Any]:
+        """Send the server control c (zeros before the first round)."""
+        if "c" not in server.state:
+            server.state["c"] = torch.zeros_like(_param_vector(self))
+        return {"c": server.state["c"]}
+
+    def on_client_start(self, client: ClientContext) -> None:
+        """Load c and this client's c_k (zeros the first time) and precompute the correction c − c_k."""
+        self._c = client.server["c"].to(self.device)
+        c_k = client.state.get("c")
+        self._c_k = torch.zeros_like(self._c) if c_k is None else c_k.to(self.device)
+        self._correction = _param_views(self._c - self._c_k, self)
+
+    def before_local_step(self) -> None:
+        """Correct the gradient: g ← g + c − c_k on every parameter."""
+        for p, correction in zip(self.parameters(), self._correction, strict=True):
+            if p.grad is None:
+                p.grad = correction.clone()
+            else:
+                p.grad.add_(correction)
+
+    def on_client_end(self, client: ClientContext) -> dict[str, Tensor]:
+        """Update c_k (option II) and upload Δc_k."""
+        assert self._c is not None and self._c_k is not None
+        step_sum = client.lr * losses.fednova_a(client.steps, self.hparams.momentum)
+        w_g, w_k = _state_vector(client.global_weights, self), _param_vector(self)
+        c_k_new = losses.scaffold_control_update(self._c_k, self._c, w_g, w_k, step_sum)
+        client.state["c"] = c_k_new
+        return {"delta_c": c_k_new - self._c_k}
+
+    def server_update(
+        self, server: ServerContext, average: dict[str, Tensor], uploads: dict[str, Tensor]
+    ) -> dict[str, Tensor]:
+        """w_g ← w_g + η_g·(average − w_g) on the parameters (buffers: the average); c ← c + Σ Δc_k / N."""
+        server.state["c"] = server.state["c"] + uploads["delta_c"].to(server.state["c"]) / server.num_clients
+        if self.server_lr == 1.0:
+            return average
+        w_g = _state_vector(server.global_weights, self)
+        step = _state_vector(average, self).to(w_g.dtype) - w_g
+        return _with_params(average, w_g + self.server_lr * step, self)
+
+
+class FedNova(FedAvg):
+    """FedNova (Wang et al., NeurIPS 2020, arXiv:2007.07481): normalized averaging of the local updates.
+
+    A client that took K steps with momentum ρ uploads a_k (:func:`~fl_lightning.losses.fednova_a`) and its normalized
+    update d_k = (w_g − w_k)/a_k; the server steps w_g ← w_g − τ_eff·Σ_k p_k d_k with τ_eff = Σ_k p_k a_k (p_k the
+    aggregation weights: sample sizes, as in the paper, unless ``--federation.aggregation uniform``), so that clients
+    with more local steps do not pull the global model towards their own objective. Buffers are averaged. With equal K
+    and no momentum this is FedAvg. Stateless: no memory per client.
+
+    Args:
+        **kwargs: see :class:`~fl_lightning.module.FedAvg`.
+    """
+
+    method_name = "fednova"
+    needs_exact_steps = True
+
+    def on_client_end(self, client: ClientContext) -> dict[str, Tensor]:
+        """Upload a_k and d_k (both reduced as Σ_k p_k·u_k)."""
+        a_k = losses.fednova_a(client.steps, self.hparams.momentum)
+        d_k = (_state_vector(client.global_weights, self) - _param_vector(self)) / a_k
+        return {"a": torch.tensor(a_k, dtype=d_k.dtype, device=d_k.device), "d": d_k}
+
+    def server_update(
+        self, server: ServerContext, average: dict[str, Tensor], uploads: dict[str, Tensor]
+    ) -> dict[str, Tensor]:
+        """w_g ← w_g − τ_eff·Σ_k p_k d_k on the parameters."""
+        w_g = _state_vector(server.global_weights, self)
+        return _with_params(average, w_g - uploads["a"].to(w_g) * uploads["d"].to(w_g), self)
+
+
+class FedDyn(FedAvg):
+    """FedDyn (Acar et al., ICLR 2021, arXiv:2111.04263): dynamic regularization towards a stationary point.
+
+    Client: L = CE − ⟨h_k, w⟩ + (α/2)·‖w − w_g‖², then h_k ← h_k − α·(w_k − w_g) (h_k starts at 0; client state).
+    Server: h ← h − α·(1/N)·Σ_{k∈S}(w_k − w_g) (h starts at 0), w_g ← Σ_k p_k w_k − h/α on the parameters. Each client
+    uploads Δh_k = −α·(w_k − w_g), summed, so that h stays the mean of all N client states whatever the aggregation.
+
+    As α → 0 the client's update becomes FedAvg's (both added terms vanish), but the server's does not: h/α =
+    −(1/N)·Σ(w_k − w_g) accumulated over the rounds does not depend on α, so even the first round returns
+    average + (1/N)·Σ_{k∈S}(w_k − w_g), not the average. Memory: one model-sized h_k per client that has trained
+    (CPU) and one h on the server.
+
+    Args:
+        alpha: regularization weight α (> 0).
+        **kwargs: see :class:`~fl_lightning.module.FedAvg`.
+    """
+
+    method_name = "feddyn"
+    needs_exact_steps = True
+    upload_reduce: ClassVar[Mapping[str, str]] = {"delta_h": "sum"}
+
+    def __init__(self, alpha: float = 0.01, **kwargs: Any) -> None:
+        if alpha <= 0:
+            raise ValueError(f"FedDyn needs alpha > 0, got {alpha}")
+        super().__init__(**kwargs)
+        self.alpha = alpha
+        self._global_params: list[Tensor] = []
+        self._h_k: Tensor | None = None
+
+    def on_client_start(self, client: ClientContext) -> None:
+        """Keep w_g and this client's h_k (``None`` before its first round: no linear term)."""
+        self._global_params = [client.global_weights[name] for name, _ in self.named_parameters()]
+        h_k = client.state.get("h")
+        self._h_k = None if h_k is None else h_k.to(self.device)
+
+    def client_loss(self, x: Tensor, y: Tensor) -> Tensor:
+        """CE − ⟨h_k, w⟩ + (α/2)·‖w − w_g‖²."""
+        params = list(self.parameters())
+        loss = F.cross_entropy(self(x), y) + 0.5 * self.alpha * losses.prox_term(params, self._global_params)
+        if self._h_k is not None:
+            loss = loss + losses.feddyn_linear_term(params, _param_views(self._h_k, self))
+        return loss
+
+    def on_client_end(self, client: ClientContext) -> dict[str, Tensor]:
+        """h_k ← h_k − α·(w_k − w_g); upload the change."""
+        delta_h = -self.alpha * (_param_vector(self) - _state_vector(client.global_weights, self))
+        client.state["h"] = delta_h if self._h_k is None else self._h_k + delta_h
+        return {"delta_h": delta_h}
+
+    def server_update(
+        self, server: ServerContext, average: dict[str, Tensor], uploads: dict[str, Tensor]
+    ) -> dict[str, Tensor]:
+        """Server state h ← h + Σ_k Δh_k / N; w_g ← average − h/α on the parameters."""
+        delta = uploads["delta_h"]
+        h = server.state.get("h", torch.zeros_like(delta)).to(delta) + delta / server.num_clients
+        server.state["h"] = h
+        avg = _state_vector(average, self)
+        return _with_params(average, avg - h.to(avg) / self.alpha, self)
+
+
+class MOON(FedAvg):
+    """MOON (Li, He & Song, CVPR 2021, arXiv:2103.16257): model-contrastive learning on a projection head.
+
+    A projection head (feature_dim → feature_dim → ``proj_dim`` MLP) on the network's features is part of the model
+    (trained and averaged; not used for prediction). L = CE + μ·ℓ_con with ℓ_con pulling the local projection h towards
+    the global model's h_g and away from this client's previous local model's h_prev
+    (:func:`~fl_lightning.losses.moon_loss`). The per-client-state example of the hooks: ``on_client_end`` saves the
+    local model (net and head) in ``client.state["prev"]``, which ``on_client_start`` loads into a frozen copy the next
+    time the client is sampled (the global model the first time). Memory: one model-plus-head state per client that has
+    trained (CPU), and two frozen copies of it on the device.
+
+    Args:
+        mu: weight μ of the contrastive term.
+        tau: temperature τ of the cosine similarities.
+        proj_dim: output size of the projection head.
+        **kwargs: see :class:`~fl_lightning.module.FedAvg`.
+    """
+
+    method_name = "moon"
+
+    def __init__(self, mu: float = 1.0, tau: float = 0.5, proj_dim: int = 256, **kwargs: Any) -> None:
+        if mu < 0 or tau <= 0 or proj_dim < 1:
+            raise ValueError(f"MOON needs mu >= 0, tau > 0 and proj_dim >= 1, got {mu}, {tau}, {proj_dim}")
+        super().__init__(**kwargs)
+        _require_features(self.net, "MOON")
+        self.mu, self.tau = mu, tau
+        dim = self.net.feature_dim
+        self.head = nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, proj_dim))
+        # [global, previous]: frozen copies of net + head, kept in a list so that they are not submodules.
+        self._frozen: list[nn.Module] = []
+
+    def project(self, x: Tensor) -> Tensor:
+        """The projection h = head(features(x)) of the local model."""
+        return self.head(self.net.features(x))
+
+    def on_client_start(self, client: ClientContext) -> None:
+        """Load the global model and this client's previous model (the global one the first time) into frozen copies."""
+        if not self._frozen:
+            for _ in range(2):
+                copy_ = copy.deepcopy(nn.ModuleDict({"net": self.net, "head": self.head}))
+                copy_.requires_grad_(False)
+                self._frozen.append(copy_)
+        self._frozen[0].load_state_dict(client.global_weights)
+        self._frozen[1].load_state_dict(client.state.get("prev", client.global_weights))
+        for frozen in self._frozen:
+            frozen.to(self.device).eval()
+
+    def client_loss(self, x: Tensor, y: Tensor) -> Tensor:
+        """CE + μ·moon_loss(h, h_g, h_prev)."""
+        features = self.net.features(x)
+        # The built-in networks' forward is classifier(features(x)): reuse the features when the net says so.
+        classifier = getattr(self.net, "classifier", None)
+        logits = classifier(features) if isinstance(classifier, nn.Module) else self(x)
+        h = self.head(features)
+        with torch.no_grad():
+            h_global, h_prev = (frozen["head"](frozen["net"].features(x)) for frozen in self._frozen)
+        return F.cross_entropy(logits, y) + self.mu * losses.moon_loss(h, h_global, h_prev, self.tau)
+
+    def on_client_end(self, client: ClientContext) -> None:
+        """Keep the local model as this client's previous model."""
+        # Copied straight to the CPU, where the callback keeps client states: no second copy on the device.
+        client.state["prev"] = {k: v.detach().to("cpu", copy=True) for k, v in self.state_dict().items()}
+
+
+class FedCurv(FedAvg):
+    """FedCurv (Shoham et al., 2019, arXiv:1910.07796): an EWC-style penalty towards the other clients' models.
+
+    After its local steps a client estimates its diagonal Fisher F_k on ``fisher_samples`` of its samples
+    (:func:`~fl_lightning.losses.diagonal_fisher`) and uploads F_k, F_k ⊙ w_k and F_k ⊙ w_k², summed over the round's
+    clients. The server keeps the sums and sends the previous round's down; a client trains with
+    L = CE + λ·Σ_{j≠k} F_j ⊙ (w − w_j)² (:func:`~fl_lightning.losses.fedcurv_penalty`), removing its own contribution
+    when it was in the previous round. Round 0 is FedAvg. Memory: the client's last F_k and w_k (two model sizes, CPU)
+    per client that has trained, and three model-sized sums on the server.
+
+    Args:
+        lam: penalty weight λ.
+        fisher_samples: samples s of the client's data the Fisher is estimated on (all when it holds fewer).
+        **kwargs: see :class:`~fl_lightning.module.FedAvg`.
+    """
+
+    method_name = "fedcurv"
+    needs_exact_steps = True
+    upload_reduce: ClassVar[Mapping[str, str]] = {"fisher": "sum", "fisher_w": "sum", "fisher_w2": "sum"}
+
+    def __init__(self, lam: float = 1e-3, fisher_samples: int = 500, **kwargs: Any) -> None:
+        if lam < 0 or fisher_samples < 1:
+            raise ValueError(f"FedCurv needs lam >= 0 and fisher_samples >= 1, got {lam}, {fisher_samples}")
+        super().__init__(**kwargs)
+        self.lam = lam
+        self.fisher_samples = fisher_samples
+        self._sums: list[list[Tensor]] | None = None
+
+    def on_round_start(self, server: ServerContext) -> dict[str, Any]:
+        """Send the previous round's sums (``None`` in round 0)."""
+        return {"sums": server.state.get("sums")}
+
+    def on_client_start(self, client: ClientContext) -> None:
+        """The other clients' sums: the previous round's, minus this client's own contribution if it had one."""
+        sums = client.server.get("sums")
+        if sums is None or self.lam == 0:
+            self._sums = None
+            return
+        f, fw, fw2 = (sums[key].to(self.device) for key in ("fisher", "fisher_w", "fisher_w2"))
+        if client.state.get("round") == client.round - 1:
+            f_k, w_k = client.state["fisher"].to(self.device), client.state["weights"].to(self.device)
+            f, fw, fw2 = f - f_k, fw - f_k * w_k, fw2 - f_k * w_k * w_k
+        self._sums = [_param_views(s, self) for s in (f, fw, fw2)]
+
+    def client_loss(self, x: Tensor, y: Tensor) -> Tensor:
+        """CE + λ·fedcurv_penalty."""
+        loss = F.cross_entropy(self(x), y)
+        if self._sums is None:
+            return loss
+        return loss + self.lam * losses.fedcurv_penalty(list(self.parameters()), *self._sums)
+
+    def on_client_end(self, client: ClientContext) -> dict[str, Tensor]:
+        """Estimate F_k on s local samples; keep F_k and w_k; upload F_k, F_k ⊙ w_k, F_k ⊙ w_k²."""
+        n = len(client.y)
+        pick = torch.randperm(n, generator=client.generator)[: self.fisher_samples] if n > self.fisher_samples else None
+        x, y = (client.x, client.y) if pick is None else (client.x[pick], client.y[pick])
+        inputs = client.transform(x.to(self.device), False)
+        # Per-sample gradients take chunk x model size: at most 64 samples and about 2^28 floats (1 GiB) at a time.
+        chunk = max(1, min(64, 2**28 // max(1, sum(p.numel() for p in self.net.parameters()))))
+        fisher = losses.diagonal_fisher(self.net, inputs, y.to(self.device), batch_size=chunk)
+        f_k = torch.cat([fisher[name[len("net.") :]].reshape(-1) for name, _ in self.named_parameters()])
+        w_k = _param_vector(self).float()
+        client.state.update(fisher=f_k, weights=w_k, round=client.round)
+        return {"fisher": f_k, "fisher_w": f_k * w_k, "fisher_w2": f_k * w_k * w_k}
+
+    def server_update(
+        self, server: ServerContext, average: dict[str, Tensor], uploads: dict[str, Tensor]
+    ) -> dict[str, Tensor]:
+        """Keep this round's sums for the next round; the global model is the average."""
+        server.state["sums"] = {key: uploads[key] for key in ("fisher", "fisher_w", "fisher_w2")}
+        return average
+
+
+def _require_features(net: nn.Module, method_name: str) -> None:
+    # Stand-in for fl_lightning.models.require_features (another branch adds it); swap when merged.
+    for attr in ("features", "feature_dim"):
+        if not hasattr(net, attr):
+            raise TypeError(
+                f"{method_name} needs a network with features(x) and feature_dim; {type(net).__name__} lacks {attr}"
+            )
+
+
 METHODS: dict[str, type[FedAvg]] = {
-    cls.method_name: cls for cls in (FedAvg, KD, FedNTD, FedLMD, FedLMDTf, FedSSD, FedCAD, FedKA, FedProx, FedRS)
+    cls.method_name: cls
+    for cls in (
+        FedAvg,
+        KD,
+        FedNTD,
+        FedLMD,
+        FedLMDTf,
+        FedSSD,
+        FedCAD,
+        FedKA,
+        FedProx,
+        FedRS,
+        SCAFFOLD,
+        FedDyn,
+        MOON,
+        FedNova,
+        FedCurv,
+    )
 }

@@ -23,7 +23,16 @@ METHOD_CLASSES = {
     "fedssd": ("fl_lightning.methods.FedSSD", {"m_max": 0.01, "aux_per_class": 64}),
     "fedcad": ("fl_lightning.methods.FedCAD", {"beta": 0.25, "gamma": 0.5, "tau": 1.0}),
     "fedka": ("fl_lightning.methods.FedKA", {"beta": 0.1, "mu": 10}),
+    "scaffold": ("fl_lightning.methods.SCAFFOLD", {"server_lr": 1.0}),
+    "feddyn": ("fl_lightning.methods.FedDyn", {"alpha": 0.01}),
+    "moon": ("fl_lightning.methods.MOON", {"mu": 1.0, "tau": 0.5}),
+    "fednova": ("fl_lightning.methods.FedNova", {}),
+    "fedcurv": ("fl_lightning.methods.FedCurv", {"lam": 0.001, "fisher_samples": 500}),
 }
+
+# The baselines the papers compare against (METHODS.md, "Baselines"): configs in the FedNTD setting (Fashion-MNIST and
+# CIFAR-10) and FedSSD's CIFAR-10 setting.
+BASELINES = ("scaffold", "feddyn", "moon", "fednova", "fedcurv")
 
 # NIID-Bench on Fashion-MNIST (FedSSD's [48]): 10 clients, all participate, 50 rounds, E=10, batch 64, LeNet.
 NIID_BENCH_PARTITIONS = {
@@ -129,7 +138,31 @@ def all_configs() -> dict[str, str]:
 
     # Paper headline settings on CIFAR-10 (need the data under ./data or --data.root).
     cifar_aug = {"crop_padding": 4, "hflip": True}
-    for method in ("fedavg", "fedssd"):
+    # LDA α = 0.05, where the FedNTD/FedLMD papers report SCAFFOLD and FedNova as "Failed". min_client_size 1: on
+    # Fashion-MNIST, 100 draws of Dir(0.05) over 100 clients never give every client 2 samples with seed 1.
+    for method in ("fedavg", "scaffold", "fednova"):
+        data = {
+            "dataset": "fashion_mnist",
+            "num_clients": 100,
+            "batch_size": 50,
+            "holdout_per_class": 64,
+            "partition": "dirichlet",
+            "alpha": 0.05,
+            "min_client_size": 1,
+        }
+        add(
+            _config(
+                f"{method}_fmnist_lda005",
+                method,
+                "lenet",
+                data,
+                {"rounds": 100, "sample_ratio": 0.1, "local_epochs": 5, "lr_decay": 0.99},
+                f"FedNTD-paper setting on Fashion-MNIST, LDA alpha=0.05 (the papers' 'Failed' case): {method}, "
+                "100 clients, ratio 0.1, E=5, batch 50, decay 0.99, LeNet, 100 rounds.",
+            )
+        )
+
+    for method in ("fedavg", "fedssd", *BASELINES):
         data = {
             "dataset": "cifar10",
             "num_clients": 10,
@@ -167,7 +200,7 @@ def all_configs() -> dict[str, str]:
             "FedCAD paper CIFAR-10 setting: 10 clients, Dir(0.5), E=5, batch 64, LeNet, 100 rounds.",
         )
     )
-    for method in ("fedavg", "fedntd", "fedlmd", "fedlmd_tf"):
+    for method in ("fedavg", "fedntd", "fedlmd", "fedlmd_tf", *BASELINES):
         data = {
             "dataset": "cifar10",
             "num_clients": 100,
