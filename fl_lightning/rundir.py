@@ -175,10 +175,12 @@ def run_status(summary: Mapping[str, Any] | None) -> str:
     if summary is None:
         return "missing"
     status = str(summary.get("status", "unknown"))
-    if status == "running" and "pid" in summary and not pid_alive(summary.get("pid")):
-        same_host = summary.get("hostname") in (None, os.uname().nodename)
-        return "stale running" if same_host else status
-    return status
+    if status != "running":
+        return status
+    if summary.get("hostname") not in (None, os.uname().nodename):
+        return status  # another machine's process: its pid says nothing here
+    # A summary without a pid predates the heartbeat; its writer cannot be checked, and is taken as gone.
+    return status if pid_alive(summary.get("pid")) else "stale running"
 
 
 def has_results(run_dir: Path) -> bool:
