@@ -19,6 +19,7 @@ _NOISE = (
     "smaller than the logging interval",
     "is not available for the CPU",
     "LightningCLI's args parameter is intended",
+    "exists and is not empty",  # a resume's checkpoint folder; a new run into a used folder is refused earlier
 )
 
 
