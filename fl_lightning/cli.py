@@ -292,6 +292,10 @@ def one_line(err: BaseException) -> str:
     """An exception as one line: its first line, with a parser's key and reason joined."""
     text = str(err).strip() or type(err).__name__
     lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if lines[0].startswith("Does not validate against any of the Union subtypes"):
+        # jsonargparse wraps the class's own error among one line per union member; keep the class's.
+        reasons = [ln[2:] for ln in lines if ln.startswith("- ") and "Expected a <class 'NoneType'>" not in ln]
+        return reasons[0] if reasons else lines[0]
     if isinstance(err, ArgumentError) or type(err).__name__ == "ArgumentError":
         return _parser_line(lines)
     if isinstance(err, FileNotFoundError) and len(lines) > 1:
@@ -307,6 +311,8 @@ def _parser_line(lines: list[str]) -> str:
         key = first.split('"')[1] if '"' in first else ""
         reasons = [ln.lstrip("- ") for ln in lines[1:] if not ln.startswith(("Given value type", "Subclass types"))]
         reason = reasons[0] if reasons else first
+        if reason.startswith(f'Parser key "{key}": '):
+            reason = reason.split('": ', 1)[1]
         return f"--{key}: {reason}" if key else reason
     return first
 
