@@ -78,6 +78,32 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
+class AtomicLastCheckpoint(ModelCheckpoint):
+    """Keeps one checkpoint, ``checkpoints/last.ckpt``, replaced whole after every round (temp file + rename).
+
+    A process killed at any point leaves the previous round's checkpoint or the new one, never a cut file or a link
+    to a deleted file (Lightning's ``save_last="link"`` with ``save_top_k=1`` can leave either).
+    """
+
+    def __init__(self) -> None:
+        super().__init__(save_top_k=0, save_last=True, enable_version_counter=False)
+
+    @override
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Save ``last.ckpt`` after every round."""
+        if not self._should_skip_saving_checkpoint(trainer):
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+    @override
+    def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
+        tmp = f"{filepath}.tmp"
+        super()._save_checkpoint(trainer, tmp)
+        if trainer.is_global_zero:
+            os.replace(tmp, filepath)
+        trainer.strategy.barrier()
+        self._last_checkpoint_saved = filepath
+
+
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in d.items():
@@ -251,7 +277,7 @@ def cli_main(args: list[str] | None = None, run: bool = True, overwrite: bool = 
         subclass_mode_model=True,
         seed_everything_default=0,
         save_config_callback=RunConfigSaver,
-        trainer_defaults={"callbacks": [ModelCheckpoint(save_last="link", save_top_k=1)]},
+        trainer_defaults={"callbacks": [AtomicLastCheckpoint()]},
         args=args,
         run=run,
         auto_configure_optimizers=False,
