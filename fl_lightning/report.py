@@ -218,7 +218,10 @@ def plot_curves(runs: Sequence[RunRef], setting: str, path: Path, smooth: int = 
         else:
             ax.plot(rounds, mean, label=method, color=color, lw=1.4)
         if len(curves) > 1:
-            ax.fill_between(rounds, acc.min(0), acc.max(0), alpha=0.2, color=color)
+            low, high = acc.min(0), acc.max(0)
+            if smooth > 1:
+                low, high = moving_average(low, smooth), moving_average(high, smooth)
+            ax.fill_between(rounds, low, high, alpha=0.2, color=color)
         if method in diverged:
             mark_divergence(ax, diverged[method], color=color, label=f"{method} diverged")
     integer_round_axis(ax)
