@@ -177,6 +177,13 @@ class FLCLI(LightningCLI):
             config["ckpt_path"] = str(self.run_plan.ckpt) if self.run_plan.ckpt is not None else None
             _RUN["run_dir"] = Path(trainer["default_root_dir"])
 
+    @override
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        argv = list(sys.argv[1:] if args is None else args) if not isinstance(args, dict) else args
+        if isinstance(argv, list):
+            argv = _tensorboard_save_dir(argv)
+        super().parse_arguments(parser, argv)
+
     def resolved_dict(self, config: Namespace) -> dict[str, Any]:
         """The config as ``config.yaml`` would hold it, as a nested dict."""
         parser = self._parser(self.subcommand)
@@ -203,6 +210,18 @@ class FLCLI(LightningCLI):
             print(f"[fl_lightning] {plan.message}", file=sys.stderr, flush=True)
         move_aside(plan)
         _RUN["fitting"] = True
+
+
+def _tensorboard_save_dir(argv: list[str]) -> list[str]:
+    """``--trainer.logger TensorBoardLogger`` alone: give it the placeholder save_dir ``.`` (the run directory).
+
+    TensorBoardLogger requires a save_dir when the arguments are parsed, before the run directory is known.
+    """
+    for i, arg in enumerate(argv[:-1]):
+        given = any(a.startswith("--trainer.logger.save_dir") for a in argv)
+        if arg == "--trainer.logger" and argv[i + 1].rsplit(".", 1)[-1] == "TensorBoardLogger" and not given:
+            return [*argv[: i + 2], "--trainer.logger.save_dir", ".", *argv[i + 2 :]]
+    return argv
 
 
 def _default_precision(trainer: Namespace) -> None:
@@ -318,10 +337,15 @@ def one_line(err: BaseException) -> str:
     """An exception as one line: its first line, with a parser's key and reason joined."""
     text = str(err).strip() or type(err).__name__
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if lines[0].startswith("Does not validate against any of the Union subtypes"):
+    union = next((i for i, ln in enumerate(lines) if ln.startswith("Does not validate against any of the Union")), None)
+    if union is not None:
         # jsonargparse wraps the class's own error among one line per union member; keep the class's.
-        reasons = [ln[2:] for ln in lines if ln.startswith("- ") and "Expected a <class 'NoneType'>" not in ln]
-        return reasons[0] if reasons else lines[0]
+        key = _parser_line(lines[:union]) if union else ""
+        for i, ln in enumerate(lines[union:], union):
+            if ln.startswith("- ") and "Expected a <class" not in ln:
+                reason = ln[2:] + (" " + lines[i + 1] if ln.endswith(":") and i + 1 < len(lines) else "")
+                return f"{key.rstrip(':')}: {reason}" if key else reason
+        return lines[0]
     if isinstance(err, ArgumentError) or type(err).__name__ == "ArgumentError":
         return _parser_line(lines)
     if isinstance(err, FileNotFoundError) and len(lines) > 1:

@@ -122,3 +122,22 @@ def test_sigterm_ends_interrupted_with_exit_4(tmp_path):
     assert proc.returncode == EXIT_CODES["interrupted"]
     assert err.strip().splitlines()[-1] == "error: stopped by SIGTERM; resume the run with --ckpt_path last"
     assert read_summary(run_dir)["status"] == "interrupted"
+
+
+def test_wandb_defaults_from_the_config(tmp_path):
+    from fl_lightning.cli import resolve_config
+
+    run_dir = tmp_path / "my_run"
+    config = resolve_config(
+        [*BASE, "--trainer.default_root_dir", str(run_dir), "--trainer.logger", "WandbLogger", "--seed_everything", "3"]
+    )
+    args = config["trainer"]["logger"]["init_args"]
+    assert args["project"] == "fl_lightning" and args["name"] == "my_run" and args["save_dir"] == str(run_dir)
+    assert args["group"] == "digits_dirichlet" and args["tags"] == ["FedAvg", "digits", "dirichlet", "seed3"]
+
+
+def test_tensorboard_logger_as_the_readme_writes_it(tmp_path):
+    pytest.importorskip("tensorboard")
+    # Before: `--trainer.logger TensorBoardLogger` without a save_dir failed.
+    assert run([*BASE, "--trainer.default_root_dir", str(tmp_path), "--trainer.logger", "TensorBoardLogger"]) == 0
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
