@@ -55,7 +55,9 @@ class RunConfigSaver(SaveConfigCallback):
         if trainer.is_global_zero:
             run_dir = trainer.default_root_dir
             os.makedirs(run_dir, exist_ok=True)
-            text = self.parser.dump(self.config, skip_none=False)
+            config = self.config.clone()
+            config["ckpt_path"] = None  # the file describes the experiment; `--config` of it starts, not resumes
+            text = self.parser.dump(config, skip_none=False)
             atomic_write_text(Path(run_dir) / self.config_filename, text)
             config = self.config.clone().as_dict() if hasattr(self.config, "as_dict") else dict(self.config)
             for logger in trainer.loggers:

@@ -14,6 +14,7 @@ from typing_extensions import override
 #: Messages of Lightning's that say nothing about a federated run (advertising, per-round loop remarks).
 _NOISE = (
     "💡 Tip:",
+    "Seed set to",  # the seed is in config.yaml and summary.json
     "isinstance(treespec, LeafSpec)",
     "does not have many workers",
     "smaller than the logging interval",
@@ -21,6 +22,9 @@ _NOISE = (
     "LightningCLI's args parameter is intended",
     "exists and is not empty",  # a resume's checkpoint folder; a new run into a used folder is refused earlier
 )
+
+
+_SEED_LOGGER = "lightning.fabric.utilities.seed"
 
 
 def _is_noise(record: logging.LogRecord) -> bool:
@@ -39,11 +43,11 @@ def quiet_lightning() -> None:
 
     The ``GPU available``/``TPU available`` lines stay: they say which device a run uses.
     """
-    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero", _SEED_LOGGER):
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropNoise) for f in logger.filters):
             logger.addFilter(_DropNoise())
-    for part in _NOISE[1:]:
+    for part in _NOISE[2:]:
         warnings.filterwarnings("ignore", message=f".*{_escape(part)}.*")
 
 

@@ -320,7 +320,7 @@ def _check_resume(
         diff += [d for d in science_diff(saved, new_config) if d.split(":")[0] not in {x.split(":")[0] for x in diff}]
     done = len(federation_state(ckpt).get("history", []) or [])
     rounds = (new_config.get("federation") or {}).get("rounds")
-    if isinstance(rounds, int) and rounds < done:
+    if isinstance(rounds, int) and rounds < done and not any(d.startswith("federation.rounds") for d in diff):
         diff.append(f"federation.rounds: {rounds} is fewer than the {done} rounds the checkpoint has done")
     if diff:
         raise RunDirError(
