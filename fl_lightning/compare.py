@@ -13,6 +13,12 @@ The YAML::
       shard2: configs/{method}_fmnist_shard2.yaml
     overrides: ["--federation.rounds", "100"]   # extra CLI arguments for every run (optional)
     jobs: 1                                 # runs in parallel (each gets cpu_count/jobs threads)
+    baseline: fedavg                        # the method others are compared with (default: the first)
+    smooth: 0                               # > 0: also plot curves as a moving average over this many rounds
+    wandb: false                            # log every fit to W&B (offline)
+
+A finished run is reused, and an interrupted one resumed, only when its saved ``config.yaml`` matches what the YAML
+asks for now; otherwise it is run again with ``--overwrite`` (the old run is moved to ``<dir>.replaced-<time>``).
 """
 
 from __future__ import annotations
@@ -30,6 +36,26 @@ from pathlib import Path
 import yaml
 
 from fl_lightning.report import write_report
+from fl_lightning.rundir import has_results, read_config, read_summary, run_status, science_diff
+
+_KEYS = {"name", "output_dir", "methods", "seeds", "settings", "overrides", "jobs", "baseline", "wandb", "smooth"}
+
+
+def _as_list(value: object, key: str, path: str | Path, allow_empty: bool = False) -> list:
+    """A YAML list; a single name or number stands for a one-item list (``methods: fedavg``)."""
+    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        value = [value]
+    if not isinstance(value, list):
+        raise ValueError(f"{path}: {key} must be a list, e.g. {key}: [a, b]; got {value!r}")
+    if not value and not allow_empty:
+        raise ValueError(f"{path}: {key} is empty; list at least one")
+    return value
+
+
+def _as_int(value: object, path: str | Path, key: str = "seeds") -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{path}: {key} takes whole numbers, got {value!r}")
+    return value
 
 
 @dataclass
@@ -45,6 +71,7 @@ class CompareSpec:
     jobs: int = 1
     baseline: str | None = None
     wandb: bool = False
+    smooth: int = 0
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> CompareSpec:
@@ -56,26 +83,42 @@ class CompareSpec:
         if missing:
             raise ValueError(f"{path}: missing key(s) {missing}")
         name = str(raw.get("name", Path(path).stem))
+        if not isinstance(raw["settings"], dict) or not raw["settings"]:
+            raise ValueError(f"{path}: settings must map at least one setting name to a config path template")
         spec = cls(
             name=name,
             output_dir=Path(raw.get("output_dir", f"runs/compare/{name}")),
-            methods=[str(m) for m in raw["methods"]],
-            seeds=[int(s) for s in raw.get("seeds", [0])],
+            methods=[str(m) for m in _as_list(raw["methods"], "methods", path)],
+            seeds=[_as_int(s, path) for s in _as_list(raw.get("seeds", [0]), "seeds", path)],
             settings={str(k): str(v) for k, v in raw["settings"].items()},
-            overrides=[str(a) for a in raw.get("overrides", [])],
-            jobs=int(raw.get("jobs", 1)),
+            overrides=[str(a) for a in _as_list(raw.get("overrides") or [], "overrides", path, allow_empty=True)],
+            jobs=_as_int(raw.get("jobs", 1), path, "jobs"),
             baseline=raw.get("baseline"),
             wandb=bool(raw.get("wandb", False)),
+            smooth=_as_int(raw.get("smooth", 0), path, "smooth"),
         )
-        spec.baseline = spec.baseline or spec.methods[0]
+        spec.baseline = str(spec.baseline) if spec.baseline is not None else spec.methods[0]
         if spec.jobs < 1:
             raise ValueError(f"{path}: jobs must be at least 1")
+        if spec.smooth < 0:
+            raise ValueError(f"{path}: smooth must be 0 (off) or a moving-average window in rounds")
+        if spec.baseline not in spec.methods:
+            raise ValueError(f"{path}: baseline {spec.baseline!r} is not one of the methods {spec.methods}")
+        unknown = sorted(set(raw) - _KEYS)
+        if unknown:
+            raise ValueError(f"{path}: unknown key(s) {unknown}; the keys are {sorted(_KEYS)}")
         for setting, template in spec.settings.items():
             for method in spec.methods:
                 config = Path(template.format(method=method, setting=setting))
                 if not config.exists():
                     raise FileNotFoundError(f"{path}: setting {setting!r}, method {method!r}: no config {config}")
         return spec
+
+    def resolved(self, run: Run) -> dict:
+        """The resolved config a run of this comparison trains with (what its ``config.yaml`` must hold)."""
+        from fl_lightning.cli import resolve_config
+
+        return resolve_config(_fit_args(self, run))
 
     def runs(self) -> list[Run]:
         """Every run of the comparison, in a stable order."""
@@ -104,33 +147,34 @@ class Run:
     run_dir: Path
 
     def state(self) -> str:
-        """``done`` (finished or diverged), ``partial`` (has a checkpoint to resume) or ``new``."""
-        summary = self.run_dir / "summary.json"
-        if summary.exists():
-            status = json.loads(summary.read_text()).get("status")
-            if status in ("completed", "diverged"):
-                return "done"
-        if (self.run_dir / "checkpoints" / "last.ckpt").exists():
+        """``done`` (finished or diverged), ``partial`` (a checkpoint to resume) or ``new``, from its files alone."""
+        summary = read_summary(self.run_dir)
+        if run_status(summary) in ("completed", "diverged"):
+            return "done"
+        if (self.run_dir / "checkpoints" / "last.ckpt").exists() and run_status(summary) != "failed":
             return "partial"
         return "new"
 
+    def plan(self, spec: CompareSpec) -> tuple[str, str]:
+        """What to do with the run: ``reuse``, ``resume``, ``new`` or ``rerun`` (replace it), and why.
 
-def _command(spec: CompareSpec, run: Run, resume: bool) -> list[str]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "fl_lightning.cli",
-        "fit",
-        "--config",
-        str(run.config),
-        "--seed_everything",
-        str(run.seed),
-        "--trainer.default_root_dir",
-        str(run.run_dir),
-        "--trainer.enable_progress_bar",
-        "false",
-        *spec.overrides,
-    ]
+        A finished run is reused, and an unfinished one resumed, only when its saved ``config.yaml`` matches the
+        config the comparison would run now (the science keys of :mod:`fl_lightning.rundir`).
+        """
+        state = self.state()
+        if state == "new":
+            return ("rerun", "it failed or left no checkpoint") if has_results(self.run_dir) else ("new", "")
+        saved = read_config(self.run_dir / "config.yaml")
+        if saved is None:
+            return "rerun", "it has no config.yaml to check against"
+        diff = science_diff(saved, spec.resolved(self), allow_growth=state == "partial")
+        if diff:
+            return "rerun", "its config differs (" + "; ".join(diff) + ")"
+        return ("reuse", "") if state == "done" else ("resume", "")
+
+
+def _command(spec: CompareSpec, run: Run, resume: bool, overwrite: bool = False) -> list[str]:
+    cmd = [sys.executable, "-m", "fl_lightning.cli", *_fit_args(spec, run)]
     if spec.wandb:
         cmd += [
             "--trainer.logger",
@@ -150,13 +194,32 @@ def _command(spec: CompareSpec, run: Run, resume: bool) -> list[str]:
         ]
     if resume:
         cmd += ["--ckpt_path", "last"]
+    if overwrite:
+        cmd += ["--overwrite"]
     return cmd
+
+
+def _fit_args(spec: CompareSpec, run: Run) -> list[str]:
+    """The ``fit`` arguments of one run (without logger, resume and overwrite flags)."""
+    return [
+        "fit",
+        "--config",
+        str(run.config),
+        "--seed_everything",
+        str(run.seed),
+        "--trainer.default_root_dir",
+        str(run.run_dir),
+        "--trainer.enable_progress_bar",
+        "false",
+        *spec.overrides,
+    ]
 
 
 def run_comparison(spec: CompareSpec, dry_run: bool = False, report_only: bool = False) -> Path:
     """Run what is missing (nothing with ``report_only``), then write the report; returns the report's folder."""
     runs = spec.runs()
-    todo = [] if report_only else [r for r in runs if r.state() != "done"]
+    plans = {} if report_only else {r.run_dir: r.plan(spec) for r in runs}
+    todo = [r for r in runs if plans.get(r.run_dir, ("reuse", ""))[0] != "reuse"]
     if report_only:
         done = sum(r.state() == "done" for r in runs)
         print(f"[compare] {spec.name}: report only, {done} of {len(runs)} runs finished", flush=True)
@@ -166,33 +229,41 @@ def run_comparison(spec: CompareSpec, dry_run: bool = False, report_only: bool =
             f"({spec.jobs} at a time); output in {spec.output_dir}",
             flush=True,
         )
+        for r in todo:
+            action, why = plans[r.run_dir]
+            if action == "rerun":
+                print(
+                    f"[compare] {r.setting}/{r.method}/seed{r.seed}: rerunning, {why}; the old run is moved "
+                    f"to {r.run_dir.name}.replaced-<time>",
+                    flush=True,
+                )
     threads = max(1, (os.cpu_count() or 1) // spec.jobs)
     started = time.time()
     finished = 0
 
     def execute(run: Run) -> tuple[Run, int]:
-        resume = run.state() == "partial"
-        cmd = _command(spec, run, resume)
+        action = plans[run.run_dir][0]
+        cmd = _command(spec, run, resume=action == "resume", overwrite=action == "rerun")
         if dry_run:
             print(" ".join(cmd))
             return run, 0
         run.run_dir.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-        with open(run.run_dir / "stdout.log", "a") as log:
+        log_path = run.run_dir.parent / f"{run.run_dir.name}.stdout.log" if action == "rerun" else None
+        with open(log_path or run.run_dir / "stdout.log", "a") as log:
             code = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        if log_path is not None and run.run_dir.is_dir():
+            os.replace(log_path, run.run_dir / "stdout.log")
         return run, code
 
     failures = []
     with ThreadPoolExecutor(max_workers=spec.jobs) as pool:
         for run, code in pool.map(execute, todo):
             finished += 1
-            state = (
-                "failed"
-                if code
-                else json.loads((run.run_dir / "summary.json").read_text())["status"]
-                if (run.run_dir / "summary.json").exists()
-                else "no summary"
-            )
+            summary = read_summary(run.run_dir) if not dry_run else None
+            state = run_status(summary) if summary else ("failed" if code else "no summary")
+            if code and not dry_run:
+                state += f" (exit code {code})"
             print(
                 f"[compare] {finished}/{len(todo)} {run.setting}/{run.method}/seed{run.seed}: {state} "
                 f"({time.time() - started:.0f}s elapsed)",
@@ -201,7 +272,11 @@ def run_comparison(spec: CompareSpec, dry_run: bool = False, report_only: bool =
             if code:
                 failures.append(run)
     report_dir = write_report(
-        spec.name, spec.output_dir, [(r.setting, r.method, r.seed, r.run_dir) for r in runs], spec.baseline
+        spec.name,
+        spec.output_dir,
+        [(r.setting, r.method, r.seed, r.run_dir) for r in runs],
+        spec.baseline,
+        smooth=spec.smooth,
     )
     if spec.wandb and not dry_run:
         _log_report_to_wandb(spec, report_dir)

@@ -7,6 +7,7 @@ import gzip
 import os
 import pickle
 import sys
+import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -74,7 +75,8 @@ def load_dataset(name: str, root: str | None = None, download: bool = False) -> 
 
     Args:
         name: one of :data:`DATASETS`.
-        root: folder holding the dataset files (default ``./data``); ignored for ``digits``.
+        root: folder holding the dataset files (default ``./data``); ignored for ``digits``. Only when it is not
+            given are MNIST/Fashion-MNIST also looked for where Debian's packages put them.
         download: fetch the data with torchvision when it is not found (MNIST, Fashion-MNIST, CIFAR-10/100).
 
     Returns:
@@ -82,12 +84,17 @@ def load_dataset(name: str, root: str | None = None, download: bool = False) -> 
 
     Raises:
         ValueError: unknown name, or a file that is not in the expected format.
-        FileNotFoundError: the dataset files were not found; the message lists where they were looked for.
+        FileNotFoundError: the dataset files were not found, or a folder holds only some of them; the message
+            names the missing files and where they were looked for.
     """
     if name not in _LOADERS:
         raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
     root_dir = Path(root if root is not None else DEFAULT_ROOT).expanduser()
-    train_x, train_y, test_x, test_y, num_classes = _LOADERS[name](root_dir, download)
+    loader = _LOADERS[name]
+    if root is None and name in _SYSTEM_DIRS:
+        train_x, train_y, test_x, test_y, num_classes = loader(root_dir, download, system=True)
+    else:
+        train_x, train_y, test_x, test_y, num_classes = loader(root_dir, download)
     mean, std = _channel_stats(train_x)
     return ImageData(name, train_x, train_y, test_x, test_y, num_classes, mean, std)
 
@@ -170,8 +177,11 @@ def read_idx(path: str | os.PathLike[str], magic: int | None = None) -> np.ndarr
     """
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        raw = f.read()
+    try:
+        with opener(path, "rb") as f:
+            raw = f.read()
+    except (EOFError, OSError, zlib.error) as err:
+        raise ValueError(f"{path}: cannot be read ({err or type(err).__name__}); it is truncated or damaged") from err
     if len(raw) < 8:
         raise ValueError(f"{path}: too short to be an IDX file")
     found = int.from_bytes(raw[:4], "big")
@@ -194,21 +204,29 @@ def read_idx(path: str | os.PathLike[str], magic: int | None = None) -> np.ndarr
 
 
 def _find_idx_files(folder: Path) -> list[Path] | None:
-    """The four MNIST-style IDX files in ``folder`` (raw preferred over ``.gz``), or None if any is missing."""
-    found = []
+    """The four MNIST-style IDX files in ``folder`` (raw preferred over ``.gz``), or None if there are none.
+
+    Raises:
+        FileNotFoundError: the folder holds some of the four files but not all (one was lost or not copied).
+    """
+    found, missing = [], []
     for stem in _IDX_FILES:
-        for candidate in (folder / stem, folder / f"{stem}.gz"):
-            if candidate.is_file():
-                found.append(candidate)
-                break
+        hit = next((c for c in (folder / stem, folder / f"{stem}.gz") if c.is_file()), None)
+        if hit is None:
+            missing.append(stem)
         else:
-            return None
+            found.append(hit)
+    if not found:
+        return None
+    if missing:
+        names = ", ".join(f"{m}[.gz]" for m in missing)
+        raise FileNotFoundError(f"{folder} holds {len(found)} of the 4 IDX files; missing: {names}")
     return found
 
 
 def _idx_loader(tv_folder: str, system_dir: str, title: str, tv_class: str, apt_package: str | None) -> Callable:
-    def load(root: Path, download: bool) -> _Arrays:
-        candidates = [root, root / tv_folder / "raw", Path(system_dir)]
+    def load(root: Path, download: bool, system: bool = False) -> _Arrays:
+        candidates = [root, root / tv_folder / "raw", *([Path(system_dir)] if system else [])]
         files = next((f for f in map(_find_idx_files, candidates) if f is not None), None)
         if files is None and download:
             import torchvision.datasets as tvd
@@ -220,7 +238,7 @@ def _idx_loader(tv_folder: str, system_dir: str, title: str, tv_class: str, apt_
         if files is None:
             how = f"Pass --data.download true to download it with torchvision into {root}"
             if apt_package:
-                how += f", or install Debian's package: apt-get install {apt_package}"
+                how += f", or install Debian's package (apt-get install {apt_package}) and leave --data.root unset"
             names = ", ".join(_IDX_FILES)
             raise _missing(f"{title} ({names}, raw or .gz)", candidates, how + ".")
         magics = (_IDX_IMAGES_MAGIC, _IDX_LABELS_MAGIC) * 2
@@ -246,8 +264,11 @@ def _idx_loader(tv_folder: str, system_dir: str, title: str, tv_class: str, apt_
 
 
 def _read_cifar_batch(path: Path, label_key: bytes) -> tuple[np.ndarray, np.ndarray]:
-    with open(path, "rb") as f:
-        batch = pickle.load(f, encoding="bytes")
+    try:
+        with open(path, "rb") as f:
+            batch = pickle.load(f, encoding="bytes")
+    except (EOFError, OSError, pickle.UnpicklingError, ValueError) as err:
+        raise ValueError(f"{path}: cannot be read ({err or type(err).__name__}); it is truncated or damaged") from err
     if not isinstance(batch, dict) or b"data" not in batch or label_key not in batch:
         raise ValueError(f"{path}: not a CIFAR python batch (expected keys b'data' and {label_key!r})")
     data = np.asarray(batch[b"data"], dtype=np.uint8)
@@ -306,8 +327,11 @@ def _is_image(path: Path) -> bool:
 
 
 def _decode_rgb(path: Path) -> np.ndarray:
-    with Image.open(path) as img:
-        return np.asarray(img.convert("RGB"), dtype=np.uint8)
+    try:
+        with Image.open(path) as img:
+            return np.asarray(img.convert("RGB"), dtype=np.uint8)
+    except (OSError, SyntaxError, ValueError) as err:  # PIL's UnidentifiedImageError is an OSError
+        raise ValueError(f"{path}: cannot be decoded ({err}); it is truncated or damaged") from err
 
 
 def _decode_images(paths: Sequence[Path]) -> torch.Tensor:
@@ -433,7 +457,10 @@ def _load_tinyimagenet(root: Path, download: bool) -> _Arrays:
     return _cached_or_decoded("tinyimagenet", directory, splits, len(wnids))
 
 
-_LOADERS: dict[str, Callable[[Path, bool], _Arrays]] = {
+#: Datasets that are also found where Debian installs them, when ``root`` is not given.
+_SYSTEM_DIRS = ("mnist", "fashion_mnist")
+
+_LOADERS: dict[str, Callable[..., _Arrays]] = {
     "digits": _load_digits,
     "mnist": _idx_loader("MNIST", "/usr/share/datasets/mnist", "MNIST", "MNIST", None),
     "fashion_mnist": _idx_loader(

@@ -1,19 +1,49 @@
-"""PNG figures of a run: the partition heatmap and the learning curve."""
+"""PNG figures of a run: the partition heatmap and the learning curve (matplotlib is imported only when drawing)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def integer_round_axis(ax: Any) -> None:
+    """Label an x axis ``round`` with whole-number ticks only."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_xlabel("round")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def moving_average(values: Sequence[float], window: int) -> np.ndarray:
+    """Trailing moving average over ``window`` values (fewer at the start); ``window <= 1`` returns the values.
+
+    >>> moving_average([1.0, 3.0, 5.0, 7.0], 2).tolist()
+    [1.0, 2.0, 4.0, 6.0]
+    """
+    x = np.asarray(values, dtype=np.float64)
+    if window <= 1 or len(x) == 0:
+        return x
+    csum = np.concatenate([[0.0], np.cumsum(x)])
+    ends = np.arange(1, len(x) + 1)
+    starts = np.maximum(0, ends - window)
+    return (csum[ends] - csum[starts]) / (ends - starts)
 
 
 def plot_partition(counts: np.ndarray, path: str | Path, title: str = "") -> Path:
     """Heatmap of the client × class sample counts."""
+    plt = _pyplot()
     counts = np.asarray(counts)
     n_clients, n_classes = counts.shape
     width = min(16.0, 2.0 + 0.35 * n_classes)
@@ -23,6 +53,10 @@ def plot_partition(counts: np.ndarray, path: str | Path, title: str = "") -> Pat
     ax.set_xlabel("class")
     ax.set_ylabel("client")
     ax.set_title(title or f"{n_clients} clients × {n_classes} classes: samples per class")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     if n_clients <= 20 and n_classes <= 20:
         for i in range(n_clients):
             for j in range(n_classes):
@@ -35,12 +69,38 @@ def plot_partition(counts: np.ndarray, path: str | Path, title: str = "") -> Pat
     return path
 
 
-def plot_curve(rounds: Sequence[int], accs: Sequence[float], path: str | Path, title: str = "") -> Path:
-    """Global test accuracy against round."""
+def plot_curve(
+    rounds: Sequence[int],
+    accs: Sequence[float],
+    path: str | Path,
+    title: str = "",
+    diverged_round: int | None = None,
+    smooth: int = 0,
+) -> Path:
+    """Global test accuracy (in %, as in the tables) against round.
+
+    Args:
+        rounds: the evaluated rounds (1-based).
+        accs: the global test accuracy of each, as a fraction.
+        path: the PNG to write.
+        title: the figure's title (say the method, dataset and setting).
+        diverged_round: the round a diverged run failed in; marked with a red dashed line.
+        smooth: > 1 draws a moving average over this many evaluations over the faint raw curve.
+    """
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(list(rounds), list(accs), marker="." if len(rounds) < 60 else None)
-    ax.set_xlabel("round")
-    ax.set_ylabel("global test accuracy")
+    x, y = list(rounds), 100.0 * np.asarray(accs, dtype=np.float64)
+    marker = "." if len(x) < 60 else None
+    if smooth > 1:
+        ax.plot(x, y, color="C0", alpha=0.3, lw=1)
+        ax.plot(x, moving_average(y, smooth), color="C0", label=f"moving average over {smooth}")
+        ax.legend(fontsize=8)
+    else:
+        ax.plot(x, y, marker=marker)
+    if diverged_round is not None:
+        mark_divergence(ax, diverged_round)
+    integer_round_axis(ax)
+    ax.set_ylabel("global test accuracy (%)")
     ax.set_title(title)
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -48,3 +108,19 @@ def plot_curve(rounds: Sequence[int], accs: Sequence[float], path: str | Path, t
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def mark_divergence(ax: Any, round_idx: int, color: str = "red", label: str = "diverged") -> None:
+    """A dashed vertical line at the round a run diverged in, labelled at the top of the axis."""
+    ax.axvline(round_idx, color=color, ls="--", lw=1)
+    ax.annotate(
+        f"{label} (round {round_idx})",
+        xy=(round_idx, 1.0),
+        xycoords=("data", "axes fraction"),
+        xytext=(-3, -3),
+        textcoords="offset points",
+        ha="right",
+        va="top",
+        color=color,
+        fontsize=8,
+    )

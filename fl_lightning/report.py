@@ -11,13 +11,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from fl_lightning.metrics import rounds_to_target  # noqa: E402
+from fl_lightning.metrics import rounds_to_target
+from fl_lightning.plots import _pyplot, integer_round_axis, mark_divergence, moving_average
+from fl_lightning.rundir import run_status
 
 RunRef = tuple[str, str, int, Path]  # setting, method, seed, run directory
 
@@ -63,6 +61,8 @@ def summarize(runs: Sequence[RunRef], baseline: str) -> list[dict[str, Any]]:
         if (setting, method) not in grouped:
             order.append((setting, method))
         data = read_run(run_dir)
+        if data is not None:
+            data["summary"]["status"] = run_status(data["summary"])  # a `running` whose process is gone is stale
         grouped[(setting, method)].append(data if data is not None else {"summary": {"status": "missing"}, "rows": []})
     out = []
     for setting, method in order:
@@ -184,68 +184,109 @@ def write_tables(summary: list[dict[str, Any]], out_dir: Path, title: str) -> tu
     return out_dir / "results.md", out_dir / "results.csv"
 
 
-def plot_curves(runs: Sequence[RunRef], setting: str, path: Path) -> Path:
-    """Learning curves of every method of a setting on one axis, mean with a min–max band over seeds."""
+def plot_curves(runs: Sequence[RunRef], setting: str, path: Path, smooth: int = 0) -> Path:
+    """Learning curves of every method of a setting on one axis (accuracy in %), mean with a min–max band over seeds.
+
+    A diverged run's method is marked at the round it diverged in; ``smooth > 1`` draws each mean as a moving
+    average over that many evaluations (the raw mean faint behind it), for noisy comparisons.
+    """
+    plt = _pyplot()
     by_method: dict[str, list[dict[int, float]]] = defaultdict(list)
+    diverged: dict[str, int] = {}
+    described = ""
     for s, method, _seed, run_dir in runs:
         data = read_run(run_dir) if s == setting else None
-        if data and data["rows"]:
-            by_method[method].append({int(r["round"]): r["global_acc"] for r in data["rows"]})
+        if not data:
+            continue
+        described = described or _describe(data["summary"])
+        if data["summary"].get("status") == "diverged":
+            diverged.setdefault(method, _divergence_round(data))
+        rows = [r for r in data["rows"] if math.isfinite(r["global_acc"])]
+        if rows:
+            by_method[method].append({int(r["round"]): 100.0 * r["global_acc"] for r in rows})
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for method, curves in by_method.items():
+    for i, (method, curves) in enumerate(by_method.items()):
         rounds = sorted(set.intersection(*(set(c) for c in curves)))
         if not rounds:
             continue
+        color = f"C{i % 10}"
         acc = np.array([[c[r] for r in rounds] for c in curves])
-        ax.plot(rounds, acc.mean(0), label=method, lw=1.4)
+        mean = acc.mean(0)
+        if smooth > 1:
+            ax.plot(rounds, mean, color=color, lw=0.8, alpha=0.25)
+            ax.plot(rounds, moving_average(mean, smooth), label=method, color=color, lw=1.4)
+        else:
+            ax.plot(rounds, mean, label=method, color=color, lw=1.4)
         if len(curves) > 1:
-            ax.fill_between(rounds, acc.min(0), acc.max(0), alpha=0.2)
-    ax.set_xlabel("round")
-    ax.set_ylabel("global test accuracy")
-    ax.set_title(f"{setting}")
+            low, high = acc.min(0), acc.max(0)
+            if smooth > 1:
+                low, high = moving_average(low, smooth), moving_average(high, smooth)
+            ax.fill_between(rounds, low, high, alpha=0.2, color=color)
+        if method in diverged:
+            mark_divergence(ax, diverged[method], color=color, label=f"{method} diverged")
+    integer_round_axis(ax)
+    ax.set_ylabel("global test accuracy (%)")
+    view = f", moving average over {smooth} rounds" if smooth > 1 else ""
+    ax.set_title(f"{described} ({setting}){view}" if described else f"{setting}{view}")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, ncol=2)
+    if by_method:
+        ax.legend(fontsize=8, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 
 
+def _describe(summary: dict[str, Any]) -> str:
+    """``dataset, partition, N clients`` from a run's summary (what its setting is)."""
+    parts = [str(summary[k]) for k in ("dataset", "partition") if summary.get(k)]
+    if summary.get("num_clients"):
+        parts.append(f"{summary['num_clients']} clients")
+    return ", ".join(parts)
+
+
 def plot_class_heatmap(run_dir: Path, path: Path, title: str) -> Path | None:
-    """Class-wise test accuracy of the global model over rounds (rows: classes, columns: rounds)."""
+    """Class-wise test accuracy (%) of the global model over rounds (rows: classes, columns: rounds)."""
     data = read_run(run_dir)
     if not data or not data["rows"]:
         return None
+    plt = _pyplot()
     keys = sorted((k for k in data["rows"][0] if k.startswith("acc_class_")), key=lambda k: int(k[10:]))
-    grid = np.array([[row[k] for row in data["rows"]] for k in keys])
+    grid = 100.0 * np.array([[row[k] for row in data["rows"]] for k in keys])
     fig, ax = plt.subplots(figsize=(7, 0.3 * len(keys) + 1.5))
     im = ax.imshow(
         grid,
         aspect="auto",
         cmap="magma",
         vmin=0,
-        vmax=1,
+        vmax=100,
         interpolation="nearest",
         extent=(data["rows"][0]["round"] - 0.5, data["rows"][-1]["round"] + 0.5, len(keys) - 0.5, -0.5),
     )
-    ax.set_xlabel("round")
+    integer_round_axis(ax)
     ax.set_ylabel("class")
-    ax.set_title(title)
-    fig.colorbar(im, ax=ax, label="test accuracy")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    described = _describe(data["summary"])
+    ax.set_title(f"{title} ({described})" if described else title, fontsize=9)
+    fig.colorbar(im, ax=ax, label="test accuracy (%)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
 
 
-def write_report(name: str, output_dir: Path, runs: Sequence[RunRef], baseline: str) -> Path:
-    """Tables and plots of a comparison into ``output_dir/report``."""
+def write_report(name: str, output_dir: Path, runs: Sequence[RunRef], baseline: str, smooth: int = 0) -> Path:
+    """Tables and plots of a comparison into ``output_dir/report``; ``smooth > 1`` adds moving-average curves."""
     out = Path(output_dir) / "report"
     out.mkdir(parents=True, exist_ok=True)
     summary = summarize(runs, baseline)
     write_tables(summary, out, f"{name} (baseline: {baseline})")
     for setting in dict.fromkeys(s for s, *_ in runs):
         plot_curves(runs, setting, out / f"curves_{setting}.png")
+        if smooth > 1:
+            plot_curves(runs, setting, out / f"curves_{setting}_ma{smooth}.png", smooth=smooth)
         seen = set()
         for s, method, seed, run_dir in runs:
             if s != setting or method in seen:

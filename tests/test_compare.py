@@ -137,3 +137,42 @@ def test_tensorboard_logger_works(tmp_path):
     )
     assert list((tmp_path / "tb").rglob("events.out.tfevents.*"))
     assert read_summary(tmp_path)["status"] == "completed"
+
+
+def _fake_finished_run(spec: CompareSpec, run, config: dict) -> None:
+    run.run_dir.mkdir(parents=True)
+    (run.run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    (run.run_dir / "summary.json").write_text(json.dumps({"status": "completed"}))
+    (run.run_dir / "metrics.csv").write_text("round,global_acc\n1,0.5\n")
+
+
+def test_finished_run_reused_only_when_its_config_matches(spec_file):
+    # Before: compare reused a finished run after the YAML's overrides changed and reported the old result.
+    spec = CompareSpec.from_yaml(spec_file)
+    spec.methods, spec.seeds = ["fedavg"], [0]
+    run = spec.runs()[0]
+    _fake_finished_run(spec, run, spec.resolved(run))
+    assert run.plan(spec) == ("reuse", "")
+    spec.overrides = ["--federation.local_epochs", "2", "--trainer.logger", "false"]
+    action, why = run.plan(spec)
+    assert action == "rerun" and "federation.local_epochs: 1 -> 2" in why
+    from fl_lightning.compare import _command
+
+    assert _command(spec, run, resume=False, overwrite=True)[-1] == "--overwrite"
+
+
+@pytest.mark.slow
+def test_compare_reruns_a_run_whose_config_changed(spec_file, capsys):
+    spec = CompareSpec.from_yaml(spec_file)
+    spec.methods, spec.seeds, spec.jobs = ["fedavg"], [0], 1
+    run_comparison(spec)
+    run = spec.runs()[0]
+    first = (run.run_dir / "summary.json").read_bytes()
+    spec.overrides = ["--federation.local_epochs", "2"]
+    run_comparison(spec)
+    out = capsys.readouterr().out
+    assert "rerunning, its config differs (federation.local_epochs: 1 -> 2)" in out
+    assert yaml.safe_load((run.run_dir / "config.yaml").read_text())["federation"]["local_epochs"] == 2
+    aside = list(run.run_dir.parent.glob("seed0.replaced-*"))
+    assert len(aside) == 1 and (aside[0] / "summary.json").read_bytes() == first
+    assert "Restored" not in (run.run_dir / "stdout.log").read_text()

@@ -138,8 +138,9 @@ FASHION_SYSTEM = Path("/usr/share/datasets/fashion-mnist")
 
 
 @pytest.mark.skipif(not FASHION_SYSTEM.is_dir(), reason="Debian's dataset-fashion-mnist is not installed")
-def test_fashion_mnist_from_debian_package(tmp_path: Path) -> None:
-    data = load_dataset("fashion_mnist", str(tmp_path / "empty"))
+def test_fashion_mnist_from_debian_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # no ./data here: the system copy is used because no root is given
+    data = load_dataset("fashion_mnist")
     check(data, "fashion_mnist", 60000, 10000, 1, 28, 10)
     assert torch.bincount(data.train_y).tolist() == [6000] * 10
     assert torch.bincount(data.test_y).tolist() == [1000] * 10
@@ -344,3 +345,44 @@ def test_read_idx_magic(tmp_path: Path) -> None:
     write_idx(tmp_path / "other", np.zeros(3, np.uint8), magic=2052)
     with pytest.raises(ValueError, match="other: bad IDX magic number 2052"):
         read_idx(tmp_path / "other")
+
+
+def test_truncated_gz_names_the_file(tmp_path: Path) -> None:
+    # Before: a cut .gz raised "EOFError: Compressed file ended before the end-of-stream marker" naming no file.
+    make_idx(tmp_path, gz=True)
+    cut = tmp_path / "train-images-idx3-ubyte.gz"
+    cut.write_bytes(cut.read_bytes()[:200])
+    with pytest.raises(ValueError, match=r"train-images-idx3-ubyte\.gz: cannot be read .*truncated"):
+        load_dataset("fashion_mnist", str(tmp_path))
+
+
+def test_not_gzip_names_the_file(tmp_path: Path) -> None:
+    make_idx(tmp_path, gz=True)
+    (tmp_path / "t10k-labels-idx1-ubyte.gz").write_bytes(b"not gzip at all")
+    with pytest.raises(ValueError, match=r"t10k-labels-idx1-ubyte\.gz: cannot be read"):
+        load_dataset("mnist", str(tmp_path))
+
+
+def test_root_missing_one_file_fails_instead_of_using_the_system_copy(tmp_path: Path) -> None:
+    # Before: with one of the four files missing in --data.root, Debian's copy was used silently.
+    make_idx(tmp_path, gz=True)
+    (tmp_path / "t10k-labels-idx1-ubyte.gz").unlink()
+    with pytest.raises(FileNotFoundError, match=r"holds 3 of the 4 IDX files; missing: t10k-labels-idx1-ubyte"):
+        load_dataset("fashion_mnist", str(tmp_path))
+
+
+def test_given_root_never_searches_the_system_folder(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError) as err:
+        load_dataset("fashion_mnist", str(tmp_path / "empty"))
+    assert "/usr/share" not in str(err.value) and str(tmp_path / "empty") in str(err.value)
+
+
+def test_truncated_cifar_batch_names_the_file(tmp_path: Path) -> None:
+    folder = tmp_path / "cifar-10-batches-py"
+    folder.mkdir()
+    batch = {b"data": np.zeros((2, 3072), np.uint8), b"labels": [0, 1]}
+    for name in [*(f"data_batch_{i}" for i in range(1, 6)), "test_batch"]:
+        (folder / name).write_bytes(pickle.dumps(batch))
+    (folder / "data_batch_3").write_bytes(pickle.dumps(batch)[:50])
+    with pytest.raises(ValueError, match=r"data_batch_3: cannot be read"):
+        load_dataset("cifar10", str(tmp_path))

@@ -1,0 +1,346 @@
+"""Run-directory safety: what a ``fit`` may do with the directory it is pointed at, decided before it writes anything.
+
+A run directory holds one experiment. A new fit refuses a directory that already holds results unless told to
+replace them (``--overwrite`` moves the old run aside to ``<dir>.replaced-<time>``); a resume (``--ckpt_path``)
+first checks that the checkpoint loads and that everything that changes the science matches the saved run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+#: Config keys (dotted) that may differ between a run and its resume: they do not change what is trained.
+FREE_KEYS: tuple[str, ...] = (
+    "trainer.",  # the trainer's settings, except those in TRAINER_SCIENCE_KEYS
+    "ckpt_path",
+    "weights_only",
+    "data.download",
+    "data.eval_batch_size",
+    "federation.plots",
+)
+#: Trainer settings that change the numbers a run produces.
+TRAINER_SCIENCE_KEYS: tuple[str, ...] = (
+    "trainer.precision",
+    "trainer.gradient_clip_val",
+    "trainer.gradient_clip_algorithm",
+    "trainer.accumulate_grad_batches",
+)
+#: Keys that may grow on a resume (a run can be extended with more rounds, never shortened).
+GROW_KEYS: tuple[str, ...] = ("federation.rounds", "trainer.max_epochs")
+#: Model hyper-parameters derived from the data (linked at instantiation, absent from the parsed config).
+_DERIVED = ("num_classes", "in_channels", "image_size")
+#: Files that make a directory hold a run's results (a directory with only config.yaml/partition files holds none).
+RESULT_FILES: tuple[str, ...] = ("summary.json", "metrics.csv")
+#: Statuses after which a run is over.
+FINISHED = ("completed", "diverged", "failed")
+
+
+class RunDirError(ValueError):
+    """A run directory or checkpoint that a command must not use as asked; the message says what to do instead."""
+
+
+@dataclass(frozen=True)
+class RunDirPlan:
+    """What a fit does with its run directory.
+
+    Attributes:
+        action: ``fresh`` (nothing there worth keeping), ``resume`` (continue from ``ckpt``) or ``replace``
+            (move the old run aside to ``aside`` first).
+        run_dir: the run directory.
+        ckpt: the checkpoint a resume starts from.
+        aside: where ``replace`` moves the old run.
+        message: one line for the user, or ``""``.
+    """
+
+    action: str
+    run_dir: Path
+    ckpt: Path | None = None
+    aside: Path | None = None
+    message: str = ""
+
+
+def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested mappings as one dict with dotted keys.
+
+    >>> flatten({"a": {"b": 1, "c": [2]}, "d": None})
+    {'a.b': 1, 'a.c': [2], 'd': None}
+    """
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flatten(value, f"{name}."))
+        else:
+            out[name] = value
+    return out
+
+
+def is_science_key(key: str) -> bool:
+    """Whether a dotted config key changes what a run trains and measures."""
+    if key in TRAINER_SCIENCE_KEYS or key in GROW_KEYS:
+        return True
+    if key.startswith("model.init_args.") and key.rsplit(".", 1)[-1] in _DERIVED:
+        return False
+    return not any(key == free or (free.endswith(".") and key.startswith(free)) for free in FREE_KEYS)
+
+
+def science_diff(saved: Mapping[str, Any], new: Mapping[str, Any], allow_growth: bool = True) -> list[str]:
+    """The science keys whose values differ between a saved config and a new one, each as ``key: old -> new``.
+
+    Args:
+        saved: the run's saved config (nested, as in ``config.yaml``).
+        new: the new resolved config (nested).
+        allow_growth: rounds may be larger in ``new`` than in ``saved`` (a resume that extends a run).
+
+    Returns:
+        One entry per differing key, sorted; empty when the configs describe the same experiment.
+
+    >>> science_diff({"data": {"alpha": 0.5}, "trainer": {"logger": False}}, {"data": {"alpha": 0.1}})
+    ['data.alpha: 0.5 -> 0.1']
+    """
+    old_flat, new_flat = flatten(saved), flatten(new)
+    out = []
+    for key in sorted(set(old_flat) | set(new_flat)):
+        if not is_science_key(key):
+            continue
+        old, cur = old_flat.get(key, "<unset>"), new_flat.get(key, "<unset>")
+        if _same(old, cur):
+            continue
+        if allow_growth and key in GROW_KEYS and isinstance(old, int) and isinstance(cur, int) and cur > old:
+            continue
+        out.append(f"{key}: {old} -> {cur}")
+    return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool | str):
+        return float(a) == float(b)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+def read_summary(run_dir: Path) -> dict[str, Any] | None:
+    """A run's ``summary.json`` (None when absent); an unreadable one is a :class:`RunDirError`."""
+    path = Path(run_dir) / "summary.json"
+    if not path.exists():
+        return None
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise RunDirError(f"{path} is unreadable ({err}); move it away or pass --overwrite") from err
+    if not isinstance(summary, dict):
+        raise RunDirError(f"{path} is not a run summary; move it away or pass --overwrite")
+    return summary
+
+
+def read_config(path: Path) -> dict[str, Any] | None:
+    """A saved ``config.yaml`` as a nested dict (None when absent)."""
+    if not Path(path).exists():
+        return None
+    try:
+        config = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as err:
+        raise RunDirError(f"{path} is unreadable ({err}); move it away or pass --overwrite") from err
+    return config if isinstance(config, dict) else None
+
+
+def pid_alive(pid: Any) -> bool:
+    """Whether a process with this id runs on this machine."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def run_status(summary: Mapping[str, Any] | None) -> str:
+    """The status a summary reports, with ``running`` told apart from a stale ``running`` (its process is gone).
+
+    >>> run_status({"status": "running", "pid": -1})
+    'stale running'
+    """
+    if summary is None:
+        return "missing"
+    status = str(summary.get("status", "unknown"))
+    if status != "running":
+        return status
+    if summary.get("hostname") not in (None, os.uname().nodename):
+        return status  # another machine's process: its pid says nothing here
+    # A summary without a pid predates the heartbeat; its writer cannot be checked, and is taken as gone.
+    return status if pid_alive(summary.get("pid")) else "stale running"
+
+
+def has_results(run_dir: Path) -> bool:
+    """Whether a directory holds a run's results or checkpoints."""
+    run_dir = Path(run_dir)
+    return any((run_dir / name).exists() for name in RESULT_FILES) or any((run_dir / "checkpoints").glob("*.ckpt"))
+
+
+def resolve_checkpoint(run_dir: Path, ckpt_path: str | os.PathLike[str]) -> Path | None:
+    """The file ``--ckpt_path`` names: ``last`` is the run directory's ``checkpoints/last.ckpt`` (None when absent)."""
+    if str(ckpt_path) == "last":
+        last = Path(run_dir) / "checkpoints" / "last.ckpt"
+        return last if last.exists() else None
+    path = Path(ckpt_path)
+    if not path.is_file():
+        raise RunDirError(f"--ckpt_path {ckpt_path}: no such file")
+    return path
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """Load a checkpoint onto the CPU; a corrupt, truncated or foreign file is a :class:`RunDirError`."""
+    import torch
+
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as err:  # torch raises RuntimeError, EOFError, UnpicklingError, ... for a damaged file
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise RunDirError(
+            f"checkpoint {path} cannot be loaded ({reason}); it is damaged: resume from another checkpoint with "
+            "--ckpt_path <file>, or start again with --overwrite"
+        ) from err
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "callbacks" not in ckpt:
+        raise RunDirError(f"checkpoint {path} is not a Lightning checkpoint of a fl_lightning run")
+    return ckpt
+
+
+def federation_state(ckpt: Mapping[str, Any]) -> dict[str, Any]:
+    """The Federation callback's saved state in a checkpoint (empty when it has none)."""
+    for key, value in ckpt.get("callbacks", {}).items():
+        if str(key).startswith("Federation") and isinstance(value, dict):
+            return value
+    return {}
+
+
+def checkpoint_diff(ckpt: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """Differences between what a checkpoint was trained with and a new config: seed, method, network, data."""
+    out = []
+    fed = federation_state(ckpt)
+    seed = new.get("seed_everything")
+    if "seed" in fed and seed is not None and int(fed["seed"]) != int(seed):
+        out.append(f"seed_everything: {fed['seed']} -> {seed}")
+    model = new.get("model") or {}
+    hparams = dict(ckpt.get("hyper_parameters") or {})
+    class_path = hparams.pop("_class_path", None)
+    if class_path and isinstance(model, Mapping) and model.get("class_path") not in (None, class_path):
+        out.append(f"model.class_path: {class_path} -> {model.get('class_path')}")
+    init_args = model.get("init_args") or {} if isinstance(model, Mapping) else {}
+    for key, value in sorted(hparams.items()):
+        if key.startswith("_") or key in _DERIVED or key not in init_args:
+            continue
+        if not _same(value, init_args[key]):
+            out.append(f"model.init_args.{key}: {value} -> {init_args[key]}")
+    data = new.get("data") or {}
+    for key, value in sorted((ckpt.get("datamodule_hyper_parameters") or {}).items()):
+        if key.startswith("_") or key not in data or not is_science_key(f"data.{key}"):
+            continue
+        if not _same(value, data[key]):
+            out.append(f"data.{key}: {value} -> {data[key]}")
+    return out
+
+
+def check_run_dir(
+    run_dir: str | os.PathLike[str],
+    new_config: Mapping[str, Any],
+    resume: bool,
+    overwrite: bool,
+    ckpt_path: str | os.PathLike[str] | None = None,
+) -> RunDirPlan:
+    """Decide what a fit may do with ``run_dir``, reading only; refuses with a :class:`RunDirError` naming the fix.
+
+    Args:
+        run_dir: the run directory (``--trainer.default_root_dir``).
+        new_config: the new run's resolved config (nested, as it would be saved in ``config.yaml``).
+        resume: the fit continues from a checkpoint (``--ckpt_path``).
+        overwrite: the user asked to replace whatever run the directory holds (``--overwrite``).
+        ckpt_path: the ``--ckpt_path`` value (``last`` or a file); defaults to ``last`` when ``resume``.
+
+    Returns:
+        The plan: start fresh, resume from a checked checkpoint, or move the old run aside first.
+    """
+    run_dir = Path(run_dir)
+    if resume and overwrite:
+        raise RunDirError("--overwrite starts a new run and --ckpt_path resumes one: pass only one of them")
+    summary = read_summary(run_dir)
+    status = run_status(summary)
+    if status == "running":
+        pid = summary.get("pid") if summary else None
+        raise RunDirError(
+            f"{run_dir} is being written by a running fit (pid {pid}); wait for it or stop it first, "
+            "or choose another --trainer.default_root_dir"
+        )
+    if not resume:
+        if not has_results(run_dir):
+            return RunDirPlan("fresh", run_dir)
+        if overwrite:
+            aside = run_dir.with_name(f"{run_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
+            return RunDirPlan("replace", run_dir, aside=aside, message=f"moving the old run in {run_dir} to {aside}")
+        what = f"a {status} run" if summary else "results of an earlier run"
+        hint = "resume it with --ckpt_path last, " if status in ("interrupted", "stale running", "failed") else ""
+        raise RunDirError(
+            f"{run_dir} already holds {what}; {hint}pass --overwrite to replace it (it is moved to "
+            f"{run_dir.name}.replaced-<time>), or choose another --trainer.default_root_dir"
+        )
+    return _check_resume(run_dir, new_config, summary, status, ckpt_path or "last")
+
+
+def _check_resume(
+    run_dir: Path,
+    new_config: Mapping[str, Any],
+    summary: dict[str, Any] | None,
+    status: str,
+    ckpt_path: str | os.PathLike[str],
+) -> RunDirPlan:
+    ckpt_file = resolve_checkpoint(run_dir, ckpt_path)
+    if ckpt_file is None:
+        if not has_results(run_dir):
+            return RunDirPlan("fresh", run_dir, message=f"no checkpoint in {run_dir}/checkpoints: starting a new run")
+        raise RunDirError(
+            f"--ckpt_path last: {run_dir} holds results but no checkpoints/last.ckpt; pass --ckpt_path <file>, "
+            "or --overwrite (without --ckpt_path) to start again"
+        )
+    ckpt = load_checkpoint(ckpt_file)
+    saved_dir = ckpt_file.parent.parent if ckpt_file.parent.name == "checkpoints" else run_dir
+    saved = read_config(saved_dir / "config.yaml") or read_config(run_dir / "config.yaml")
+    diff = checkpoint_diff(ckpt, new_config)
+    if saved is not None:
+        diff += [d for d in science_diff(saved, new_config) if d.split(":")[0] not in {x.split(":")[0] for x in diff}]
+    done = len(federation_state(ckpt).get("history", []) or [])
+    rounds = (new_config.get("federation") or {}).get("rounds")
+    if isinstance(rounds, int) and rounds < done and not any(d.startswith("federation.rounds") for d in diff):
+        diff.append(f"federation.rounds: {rounds} is fewer than the {done} rounds the checkpoint has done")
+    if diff:
+        raise RunDirError(
+            f"cannot resume {run_dir}: the new config differs in what it trains ({'; '.join(sorted(diff))}); "
+            "use the run's own config (--config "
+            f"{saved_dir / 'config.yaml'}), or choose another --trainer.default_root_dir"
+        )
+    if status == "diverged":
+        raise RunDirError(f"{run_dir} holds a diverged run; there is nothing to resume (pass --overwrite to rerun it)")
+    if status == "completed" and isinstance(rounds, int) and summary and rounds <= int(summary.get("rounds", 0)):
+        raise RunDirError(
+            f"{run_dir} holds a completed run of {summary.get('rounds')} rounds; there is nothing to resume "
+            "(raise --federation.rounds to extend it, or pass --overwrite to rerun it)"
+        )
+    return RunDirPlan("resume", run_dir, ckpt=ckpt_file)
+
+
+def move_aside(plan: RunDirPlan) -> Path | None:
+    """Carry out a ``replace`` plan: rename the old run directory to ``plan.aside`` (one atomic rename)."""
+    if plan.action != "replace" or plan.aside is None:
+        return None
+    os.replace(plan.run_dir, plan.aside)
+    return plan.aside
