@@ -29,6 +29,7 @@ from fl_lightning.data import FederatedDataModule, RoundPlan, _round_seed, clien
 from fl_lightning.distributed import all_gather_object, all_reduce_sum_, assign_clients, rank_and_world, to_device
 from fl_lightning.metrics import forgetting_degree
 from fl_lightning.module import FedAvg, FederatedHooks
+from fl_lightning.progress import quiet_lightning
 from fl_lightning.recorder import RunRecorder
 from fl_lightning.state import ClientStateStore
 
@@ -219,6 +220,9 @@ class Federation(Callback):
             raise ValueError(
                 f"the model predicts {pl_module.num_classes} classes but {dm.dataset} has {dm.num_classes}"
             )
+        quiet_lightning()
+        # Metrics a method logs reach the loggers through the recorder, on the round axis, not every n local steps.
+        trainer.log_every_n_steps = 2**31
         dm.setup("fit")
         self.dm = dm
         dm.plan_fn = self.local_plan

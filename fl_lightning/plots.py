@@ -18,6 +18,20 @@ def _pyplot() -> Any:
     return plt
 
 
+def save_figure(fig: Any, path: str | Path, dpi: int = 100) -> Path:
+    """Write ``fig`` to ``path`` whole or not at all (temp file + rename), and close it."""
+    import os
+
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
+    fig.savefig(tmp, dpi=dpi)
+    os.replace(tmp, path)
+    plt.close(fig)
+    return path
+
+
 def integer_round_axis(ax: Any) -> None:
     """Label an x axis ``round`` with whole-number ticks only."""
     from matplotlib.ticker import MaxNLocator
@@ -63,10 +77,7 @@ def plot_partition(counts: np.ndarray, path: str | Path, title: str = "") -> Pat
                 ax.text(j, i, str(int(counts[i, j])), ha="center", va="center", color="w", fontsize=7)
     fig.colorbar(im, ax=ax, label="samples")
     fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_curve(
@@ -104,10 +115,7 @@ def plot_curve(
     ax.set_title(title)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def mark_divergence(ax: Any, round_idx: int, color: str = "red", label: str = "diverged") -> None:

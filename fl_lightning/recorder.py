@@ -103,7 +103,12 @@ class RunRecorder:
             self._write_summary()
 
     def record_round(self, trainer: L.Trainer, measured: Mapping[str, Any], class_acc: np.ndarray) -> dict[str, float]:
-        """Add one evaluated round (``measured`` holds round, global_acc, global_loss, ...); returns the full row."""
+        """Add one evaluated round (``measured`` holds round, global_acc, global_loss, ...); returns the full row.
+
+        Whatever the module logged with ``self.log`` during the round (its last value, or its round mean with
+        ``on_epoch=True``) joins the row under its own name, so that it lands in ``metrics.csv`` and, with the round
+        as the step, in the loggers.
+        """
         self.class_acc_history.append([float(a) for a in class_acc])
         prev_best = max((row["global_acc"] for row in self.history), default=-1.0)
         row: dict[str, float] = dict(measured)
@@ -111,6 +116,9 @@ class RunRecorder:
         row["forgetting"] = forgetting(self.class_acc_history)
         row["elapsed_seconds"] = self.elapsed
         row.update({f"acc_class_{c}": float(a) for c, a in enumerate(class_acc)})
+        for key, value in trainer.callback_metrics.items():
+            if key not in row and key != "global_acc" and value.numel() == 1:
+                row[key] = float(value)
         self.history.append(row)
         self._log(trainer, row)
         self.say(
@@ -138,8 +146,12 @@ class RunRecorder:
 
             rounds = [int(row["round"]) for row in self.history]
             accs = [row["global_acc"] for row in self.history]
-            title = f"{self.info.get('method')} on {self.info.get('dataset')}, {self.info.get('partition')}"
-            plot_curve(rounds, accs, self.run_dir / "curve.png", title)
+            info = self.info
+            title = (
+                f"{info.get('method')} on {info.get('dataset')}, {info.get('partition')}, "
+                f"{info.get('num_clients')} clients"
+            )
+            plot_curve(rounds, accs, self.run_dir / "curve.png", title, diverged_round=self.diverged_round)
         self._send_summary(trainer)
         if status == "completed" and self.history:
             best = max(r["global_acc"] for r in self.history)
@@ -173,7 +185,7 @@ class RunRecorder:
             }
         )
         if self.status == "running":
-            out["pid"], out["host"] = os.getpid(), socket.gethostname()
+            out["pid"], out["hostname"] = os.getpid(), socket.gethostname()
         if self.diverged_round is not None:
             out["diverged_round"] = self.diverged_round
         if self.error:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from fl_lightning.metrics import rounds_to_target
-from fl_lightning.plots import _pyplot, integer_round_axis, mark_divergence, moving_average
+from fl_lightning.plots import _pyplot, integer_round_axis, mark_divergence, moving_average, save_figure
 from fl_lightning.rundir import run_status
 
 RunRef = tuple[str, str, int, Path]  # setting, method, seed, run directory
@@ -232,8 +232,7 @@ def plot_curves(runs: Sequence[RunRef], setting: str, path: Path, smooth: int = 
     if by_method:
         ax.legend(fontsize=8, ncol=2)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
     return path
 
 
@@ -272,8 +271,7 @@ def plot_class_heatmap(run_dir: Path, path: Path, title: str) -> Path | None:
     ax.set_title(f"{title} ({described})" if described else title, fontsize=9)
     fig.colorbar(im, ax=ax, label="test accuracy (%)")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)
     return path
 
 

@@ -9,4 +9,4 @@ fi
 "$VENV/bin/pip" install -q --upgrade pip >/dev/null
 "$VENV/bin/pip" install -q torch==2.14.1 torchvision==0.29.1
 "$VENV/bin/pip" install -q -e ".[dev]"
-"$VENV/bin/python" cli.py fit --config configs/quickstart.yaml "$@"
+"$VENV/bin/python" cli.py fit --config configs/quickstart.yaml --overwrite "$@"

@@ -126,7 +126,6 @@ def test_drop_last_error_exits_2(tmp_path, capsys):
     assert "set --data.drop_last false" in capsys.readouterr().err.strip().splitlines()[-1]
 
 
-@pytest.mark.xfail(reason="the recorder (lead) marks a run that stopped on an error `failed` with its message")
 def test_drop_last_error_is_failed_not_interrupted(tmp_path):
     # Before: labelled interrupted and told to resume.
     args = [*BASE, "--trainer.default_root_dir", str(tmp_path), "--data.drop_last", "true", "--data.batch_size", "1000"]

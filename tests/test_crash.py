@@ -105,7 +105,6 @@ def test_sigkill_between_rounds_then_resume_is_identical(tmp_path, reference):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="needs the recorder's atomic writes (tmp file + os.replace) for metrics/summary/plots")
 def test_sigkill_at_random_points_leaves_no_truncated_file(tmp_path, reference):
     rng = random.Random(0)
     for trial in range(3):
