@@ -586,6 +586,7 @@ class MOON(FedAvg):
         self.head = nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, proj_dim))
         # [global, previous]: frozen copies of net + head, kept in a list so that they are not submodules.
         self._frozen: list[nn.Module] = []
+        self._prev_is_global = True  # the client's first round: h_prev is h_g, computed once
 
     def project(self, x: Tensor) -> Tensor:
         """The projection h = head(features(x)) of the local model."""
@@ -599,7 +600,9 @@ class MOON(FedAvg):
                 copy_.requires_grad_(False)
                 self._frozen.append(copy_)
         self._frozen[0].load_state_dict(client.global_weights)
-        self._frozen[1].load_state_dict(client.state.get("prev", client.global_weights))
+        self._prev_is_global = "prev" not in client.state
+        if not self._prev_is_global:
+            self._frozen[1].load_state_dict(client.state["prev"])
         for frozen in self._frozen:
             frozen.to(self.device).eval()
 
@@ -611,7 +614,8 @@ class MOON(FedAvg):
         logits = classifier(features) if isinstance(classifier, nn.Module) else self(x)
         h = self.head(features)
         with torch.no_grad():
-            h_global, h_prev = (frozen["head"](frozen["net"].features(x)) for frozen in self._frozen)
+            h_global = self._frozen[0]["head"](self._frozen[0]["net"].features(x))
+            h_prev = h_global if self._prev_is_global else self._frozen[1]["head"](self._frozen[1]["net"].features(x))
         return F.cross_entropy(logits, y) + self.mu * losses.moon_loss(h, h_global, h_prev, self.tau)
 
     def on_client_end(self, client: ClientContext) -> None:
