@@ -160,11 +160,6 @@ class Federation(Callback):
         clients = tuple(int(c) for c in np.sort(rng.choice(n, self.num_sampled(n), replace=False)))
         sizes = self.dm.client_sizes
         steps = tuple(client_steps(sizes[c], self.dm.batch_size, self.local_epochs, self.dm.drop_last) for c in clients)
-        if any(s == 0 for s in steps):
-            raise ValueError(
-                f"a client has fewer samples than one batch with drop_last=True (sizes {[sizes[c] for c in clients]}); "
-                "set --data.drop_last false or a smaller batch size"
-            )
         plan = RoundPlan(round_idx, clients, steps, self.local_epochs, self.lr_decay**round_idx)
         self._plans = {round_idx: plan}
         return plan
@@ -224,6 +219,11 @@ class Federation(Callback):
         # Metrics a method logs reach the loggers through the recorder, on the round axis, not every n local steps.
         trainer.log_every_n_steps = 2**31
         dm.setup("fit")
+        if dm.drop_last and min(dm.client_sizes) < dm.batch_size:
+            raise ValueError(
+                f"with drop_last, clients smaller than one batch never train (smallest client {min(dm.client_sizes)} "
+                f"samples, batch size {dm.batch_size}); set --data.drop_last false or a smaller --data.batch_size"
+            )
         self.dm = dm
         dm.plan_fn = self.local_plan
         dm.per_client_batches = self._client_batches

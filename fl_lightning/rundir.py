@@ -306,7 +306,8 @@ def _check_resume(
 ) -> RunDirPlan:
     ckpt_file = resolve_checkpoint(run_dir, ckpt_path)
     if ckpt_file is None:
-        if not has_results(run_dir):
+        # A run killed before its first checkpoint has nothing to resume and, unfinished, nothing to protect.
+        if not has_results(run_dir) or status in ("stale running", "interrupted", "failed"):
             return RunDirPlan("fresh", run_dir, message=f"no checkpoint in {run_dir}/checkpoints: starting a new run")
         raise RunDirError(
             f"--ckpt_path last: {run_dir} holds results but no checkpoints/last.ckpt; pass --ckpt_path <file>, "

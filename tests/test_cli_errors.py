@@ -126,12 +126,25 @@ def test_drop_last_error_exits_2(tmp_path, capsys):
     assert "set --data.drop_last false" in capsys.readouterr().err.strip().splitlines()[-1]
 
 
-def test_drop_last_error_is_failed_not_interrupted(tmp_path):
-    # Before: labelled interrupted and told to resume.
+def test_drop_last_error_is_refused_at_start_not_interrupted(tmp_path, capsys):
+    # Before: labelled interrupted and told to resume. Now a bad input: refused before any file is written.
     args = [*BASE, "--trainer.default_root_dir", str(tmp_path), "--data.drop_last", "true", "--data.batch_size", "1000"]
-    run(args)
+    assert run(args) == 2
+    assert "drop_last" in capsys.readouterr().err
+    assert not (tmp_path / "summary.json").exists()
+
+
+def test_error_during_a_run_is_failed_with_its_message(tmp_path, monkeypatch):
+    from fl_lightning.federation import Federation
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom in the server step")
+
+    monkeypatch.setattr(Federation, "_server_momentum_step", broken)
+    args = [*BASE, "--trainer.default_root_dir", str(tmp_path), "--federation.server_momentum", "0.5"]
+    assert run(args) == 1
     summary = read_summary(tmp_path)
-    assert summary["status"] == "failed" and "drop_last" in summary["error"]
+    assert summary["status"] == "failed" and "boom in the server step" in summary["error"]
 
 
 @pytest.mark.slow
