@@ -1,6 +1,6 @@
 """Run tiny digits federations with N CPU processes (DDP, gloo) and save what the tests compare.
 
-Usage: python tests/_federate_processes.py OUT_DIR DEVICES ROUNDS [--resume-from ROUND] METHOD [METHOD ...]
+Usage: python tests/_federate_processes.py OUT_DIR DEVICES ROUNDS [--resume-from ROUND] [--accelerator gpu] METHOD ...
 
 For every method it writes ``OUT_DIR/<method>/`` (the run directory) and, on rank 0, ``weights.pt`` with the final
 global weights. With ``--resume-from K`` it first runs K rounds, then resumes from ``last.ckpt`` up to ROUNDS.
@@ -22,14 +22,14 @@ from fl_lightning.methods import METHODS
 warnings.filterwarnings("ignore")
 
 
-def fit(method: str, run_dir: Path, devices: int, rounds: int, ckpt_path: str | None) -> None:
+def fit(method: str, run_dir: Path, devices: int, rounds: int, ckpt_path: str | None, accelerator: str) -> None:
     dm = FederatedDataModule(
         "digits", num_clients=6, partition="dirichlet", alpha=0.5, batch_size=32, holdout_per_class=2, seed=0
     )
     L.seed_everything(0, verbose=False)
     model = METHODS[method](net="lenet", num_classes=10, in_channels=1, image_size=8, lr=0.05)
     trainer = L.Trainer(
-        accelerator="cpu",
+        accelerator=accelerator,
         devices=devices,
         strategy="ddp" if devices > 1 else "auto",
         max_epochs=rounds,
@@ -54,14 +54,16 @@ def main() -> None:
     parser.add_argument("rounds", type=int)
     parser.add_argument("methods", nargs="+")
     parser.add_argument("--resume-from", type=int, default=0)
+    parser.add_argument("--accelerator", default="cpu")
     args = parser.parse_args()
     for method in args.methods:
         run_dir = args.out / method
         if args.resume_from:
-            fit(method, run_dir, args.devices, args.resume_from, None)
-            fit(method, run_dir, args.devices, args.rounds, str(run_dir / "checkpoints" / "last.ckpt"))
+            fit(method, run_dir, args.devices, args.resume_from, None, args.accelerator)
+            last = str(run_dir / "checkpoints" / "last.ckpt")
+            fit(method, run_dir, args.devices, args.rounds, last, args.accelerator)
         else:
-            fit(method, run_dir, args.devices, args.rounds, None)
+            fit(method, run_dir, args.devices, args.rounds, None, args.accelerator)
 
 
 if __name__ == "__main__":

@@ -63,3 +63,14 @@ def test_results_are_written_once(runs: dict[str, Path]) -> None:
     assert [int(r["round"]) for r in _rows(run_dir)] == [1, 2, 3]
     assert (run_dir / "summary.json").exists()
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["last.ckpt"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_two_gpus_match_one_gpu(tmp_path: pytest.TempPathFactory) -> None:
+    _run(tmp_path / "one", 1, 2, "--accelerator", "gpu")
+    _run(tmp_path / "two", 2, 2, "--accelerator", "gpu")
+    for method in PROC_METHODS:
+        one, two = _rows(tmp_path / "one" / method), _rows(tmp_path / "two" / method)
+        for a, b in zip(one, two, strict=True):
+            assert float(b["global_acc"]) == pytest.approx(float(a["global_acc"]), abs=1e-3)
