@@ -354,8 +354,7 @@ class Federation(Callback):
     @torch.no_grad()
     def evaluate(self, pl_module: FedAvg, trainer: L.Trainer | None = None) -> tuple[float, float, np.ndarray]:
         """Global test loss, accuracy and class-wise accuracy of ``pl_module``'s current weights."""
-        assert self.dm is not None and self.dm.data is not None and self.dm.transform is not None
-        data = self.dm.data
+        assert self.dm is not None and self.dm.transform is not None
         num_classes = self.dm.num_classes
         was_training = pl_module.training
         pl_module.eval()
@@ -366,11 +365,10 @@ class Federation(Callback):
         context = (
             trainer.precision_plugin.forward_context() if trainer is not None else torch.autocast("cpu", enabled=False)
         )
-        bs = self.dm.eval_batch_size
         with context:
-            for start in range(0, len(data.test_y), bs):
-                x = self.dm.transform(data.test_x[start : start + bs].to(device), False)
-                y = data.test_y[start : start + bs].to(device)
+            for x_raw, y_raw in self.dm.test_batches():
+                x = self.dm.transform(x_raw.to(device), False)
+                y = y_raw.to(device)
                 logits = pl_module(x).float()
                 loss_sum += F.cross_entropy(logits, y, reduction="sum")
                 hit = (logits.argmax(1) == y).float()
