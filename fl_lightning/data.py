@@ -623,6 +623,21 @@ class FederatedDataModule(L.LightningDataModule):
         #: Called with the round index, returns that round's plan; set by the Federation callback.
         self.plan_fn: Callable[[int], RoundPlan] | None = None
 
+    @property
+    def trainer(self) -> L.Trainer | None:
+        """The Trainer this datamodule is attached to."""
+        return self.__dict__.get("_attached_trainer")
+
+    @trainer.setter
+    def trainer(self, trainer: L.Trainer | None) -> None:
+        # Lightning attaches the datamodule before it reads max_epochs or resolves ckpt_path="last", and before any
+        # callback hook runs: the one moment a Federation callback can set the rounds and where checkpoints live.
+        self.__dict__["_attached_trainer"] = trainer
+        for callback in trainer.callbacks if trainer is not None else ():
+            prepare = getattr(callback, "prepare_trainer", None)
+            if callable(prepare):
+                prepare(trainer)
+
     # ---- construction from your own data ----------------------------------------------------------------------
 
     @classmethod
