@@ -1,19 +1,29 @@
-"""PNG figures of a run: the partition heatmap and the learning curve."""
+"""PNG figures of a run: the partition heatmap and the learning curve.
+
+matplotlib is imported when a figure is drawn, not with the package (``import fl_lightning`` stays light).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def plot_partition(counts: np.ndarray, path: str | Path, title: str = "") -> Path:
     """Heatmap of the client × class sample counts."""
+    plt = _pyplot()
     counts = np.asarray(counts)
     n_clients, n_classes = counts.shape
     width = min(16.0, 2.0 + 0.35 * n_classes)
@@ -37,6 +47,7 @@ def plot_partition(counts: np.ndarray, path: str | Path, title: str = "") -> Pat
 
 def plot_curve(rounds: Sequence[int], accs: Sequence[float], path: str | Path, title: str = "") -> Path:
     """Global test accuracy against round."""
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(list(rounds), list(accs), marker="." if len(rounds) < 60 else None)
     ax.set_xlabel("round")

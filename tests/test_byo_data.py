@@ -57,7 +57,7 @@ def _transformed_train(dm: FederatedDataModule) -> torch.Tensor:
 def test_uint8_and_float_images_normalise_alike():
     x, y, xt, yt = _digits()
     as_bytes = FederatedDataModule.from_tensors(x, y, xt, yt, num_clients=3, partition="iid")
-    as_float = FederatedDataModule.from_tensors(x.float() / 255, y, xt.float() / 255, yt, num_clients=3, partition="iid")
+    as_float = FederatedDataModule.from_tensors(x / 255.0, y, xt / 255.0, yt, num_clients=3, partition="iid")
     a, b = _transformed_train(as_bytes), _transformed_train(as_float)
     torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     assert abs(a.mean().item()) < 1e-4 and abs(a.std().item() - 1) < 1e-2  # standardised on the [0, 1] scale
@@ -149,7 +149,8 @@ def test_flat_round_batches_and_test_batches():
         steps = tuple(client_steps(dm.client_sizes[c], 50, 2) for c in (0, 2))
         plan = RoundPlan(round=1, clients=(0, 2), steps=steps, local_epochs=2, lr_scale=1.0)
         source = dm.train_x if dm.train_x is not None else dm._train_reader
-        nested = [b for client in RoundBatches(source, dm.train_y, dm.client_indices, plan, 50, False, 0) for b in client]
+        per_client = RoundBatches(source, dm.train_y, dm.client_indices, plan, 50, False, 0)
+        nested = [b for client in per_client for b in client]
         flat = RoundBatches(source, dm.train_y, dm.client_indices, plan, 50, False, 0, flat=True)
         assert len(flat) == len(nested) == sum(steps)
         for (x1, y1), (x2, y2) in zip(nested, flat, strict=True):
@@ -168,7 +169,8 @@ def test_given_partition_from_ids_and_from_an_attribute():
         assert set(writers[idx.numpy()].tolist()) == {f"w{c:02d}"}
     train = CountingDataset(x, y)
     train.hospital = (np.arange(len(y)) % 4) * 10 + 3  # not contiguous: remapped to 0..3
-    by_attr = FederatedDataModule.from_datasets(train, CountingDataset(xt, yt), partition="given", client_ids="hospital")
+    test = CountingDataset(xt, yt)
+    by_attr = FederatedDataModule.from_datasets(train, test, partition="given", client_ids="hospital")
     by_attr.setup("fit")
     assert by_attr.num_clients == 4 and by_attr.client_sizes == [len(i) for i in np.array_split(np.arange(len(y)), 4)]
 
