@@ -425,6 +425,9 @@ def _split(data: Split, what: str, in_memory: bool | None, num_workers: int, pin
             f"{what} must be a pair of tensors or a map-style dataset (with __getitem__ and __len__) of (x, y) items, "
             f"got {type(data).__name__}"
         )
+    if len(data) == 0:  # type: ignore[arg-type]
+        raise ValueError(f"{what} is an empty dataset")
+    _item_input(data[0])
     y = dataset_labels(data)
     if in_memory is None and isinstance(data, TensorDataset):
         in_memory = True
@@ -439,9 +442,20 @@ def _first_input(split: _Split) -> Tensor:
     if split.x is not None:
         return split.x[0]
     assert split.reader is not None
-    x, _ = split.reader.dataset[0]
-    x = torch.as_tensor(x) if not isinstance(x, Tensor) else x
-    return x
+    return _item_input(split.reader.dataset[0])
+
+
+def _item_input(item: Any) -> Tensor:
+    """The input of a dataset item, checked to be a tensor (or array) in an (x, y) pair."""
+    if not isinstance(item, tuple | list) or len(item) != 2:
+        raise TypeError(f"dataset items must be (x, y) pairs, got {type(item).__name__}")
+    x = item[0]
+    if not isinstance(x, Tensor | np.ndarray):
+        raise TypeError(
+            f"dataset inputs must be tensors, got {type(x).__name__}; give the dataset a transform that makes "
+            "tensors (for images: torchvision.transforms.PILToTensor())"
+        )
+    return torch.as_tensor(x)
 
 
 # ----------------------------------------------------------------------------------------------------------------------

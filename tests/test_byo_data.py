@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import read_summary
+from PIL import Image
 from torch import nn
 from torch.utils.data import Dataset
 
@@ -198,6 +199,19 @@ def test_bad_data_says_what_to_change():
         FederatedDataModule.from_tensors(torch.randn(4, 2), torch.rand(4), torch.randn(4, 2), torch.zeros(4).long())
     with pytest.raises(TypeError, match="map-style dataset"):
         FederatedDataModule.from_datasets(object(), object())
+    pil = PilImages()
+    with pytest.raises(TypeError, match="PILToTensor"):
+        FederatedDataModule.from_datasets(pil, pil)
+
+
+class PilImages(Dataset):
+    """Items as an ImageFolder without a transform gives them."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int):
+        return Image.new("RGB", (6, 4)), i % 2
 
 
 class Blobs(DataSource):
