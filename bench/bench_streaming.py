@@ -7,7 +7,7 @@ in-memory side holds the same images as uint8 tensors. Both runs use the same pa
 end with the same global weights (checked). Prints the median seconds per round over the measured rounds (after one
 warm-up round), the set-up time of each and whether the weights agree.
 
-Usage: ``OMP_NUM_THREADS=2 python bench/bench_streaming.py [--rounds 3] [--workers 0]``
+Usage: ``OMP_NUM_THREADS=2 python bench/bench_streaming.py [--rounds 3] [--workers 0] [--data-only]``
 """
 
 from __future__ import annotations
@@ -111,6 +111,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="rounds per run; the first is warm-up")
     parser.add_argument("--workers", type=int, default=0, help="DataLoader workers of the streamed run")
+    parser.add_argument("--data-only", action="store_true", help="only time reading one round's data, no training")
     args = parser.parse_args()
     opts = dict(partition="shard", shards_per_client=2, num_clients=100, batch_size=50)
     with tempfile.TemporaryDirectory() as tmp:
@@ -137,6 +138,8 @@ def main() -> None:
         mem_setup, str_setup = setup_seconds(in_memory), setup_seconds(streamed)
         mem_data, str_data = data_seconds(in_memory, probe), data_seconds(streamed, probe)
         print(f"reading one round's data: in memory {mem_data:.2f} s, streamed {str_data:.2f} s")
+        if args.data_only:
+            return
         mem_rounds, mem_w = run(in_memory, args.rounds, f"{tmp}/mem")
         str_rounds, str_w = run(streamed, args.rounds, f"{tmp}/str")
     same = all(torch.equal(mem_w[k], str_w[k]) for k in mem_w)
