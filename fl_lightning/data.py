@@ -554,7 +554,6 @@ class FederatedDataModule(L.LightningDataModule):
             raise ValueError(f"batch sizes must be positive, got {batch_size} and {eval_batch_size}")
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
-        self.save_hyperparameters(ignore=["dataset", "client_ids"])
         self.root = root
         self.download = download
         self.partition = partition
@@ -602,7 +601,6 @@ class FederatedDataModule(L.LightningDataModule):
                 f"dataset must be a dataset name or a DataSource, got {type(dataset).__name__}; for tensors or "
                 "datasets use FederatedDataModule.from_tensors(...) or FederatedDataModule.from_datasets(...)"
             )
-        self.hparams["dataset"] = self.dataset
         if any(self._augment_args) and not self.is_image:
             raise ValueError(
                 f"augmentation (crop_padding, hflip, cutout) needs image inputs [C, H, W]; {self.dataset}'s inputs "
@@ -622,8 +620,14 @@ class FederatedDataModule(L.LightningDataModule):
                     "leave num_clients unset or make them agree"
                 )
             num_clients = len(self.client_names)
-        self.num_clients = num_clients if num_clients is not None else 10
-        self.hparams["num_clients"] = self.num_clients
+        num_clients = num_clients if num_clients is not None else 10
+        self.num_clients = num_clients
+        self.save_hyperparameters(ignore=["dataset", "client_ids"])
+        # Recorded as resolved (loggers merge num_classes with the model's, which must agree; the CLI saves the
+        # values it was given): the dataset's name, its class count and the number of clients.
+        for name, value in (("dataset", self.dataset), ("num_classes", self.num_classes), ("num_clients", num_clients)):
+            self.hparams[name] = value
+            self._hparams_initial[name] = value
 
         self.data: ImageData | None = None
         self.train_x: Tensor | None = None

@@ -123,7 +123,7 @@ class FedAvg(L.LightningModule):
                     "or fit with a FederatedDataModule"
                 )
             self.num_classes = datamodule.num_classes
-            self.hparams["num_classes"] = self.num_classes
+            self._record_hparam("num_classes", self.num_classes)
         if self.net is not None:
             return
         for attr in ("in_channels", "image_size"):
@@ -134,13 +134,19 @@ class FedAvg(L.LightningModule):
                         f"the built-in network {self.hparams.net!r} needs images, and the data has none "
                         f"({attr} unknown); pass net=<your nn.Module> for tabular or other inputs"
                     )
-                self.hparams[attr] = value
+                self._record_hparam(attr, value)
         seed = int(getattr(datamodule, "seed", 0))
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             self.net = build_model(
                 self.hparams.net, self.hparams.in_channels, self.hparams.image_size, self.num_classes
             ).to(self.device)
+
+    def _record_hparam(self, name: str, value: Any) -> None:
+        """Record a value resolved at fit start in the hyper-parameters (checkpoints) and what loggers receive."""
+        self.hparams[name] = value
+        if getattr(self, "_hparams_initial", None) is not None:
+            self._hparams_initial[name] = value
 
     def forward(self, x: Tensor) -> Tensor:
         """Class logits."""
