@@ -45,29 +45,44 @@ def cutout(x: Tensor, size: int, generator: torch.Generator | None = None) -> Te
 
 
 class BatchTransform:
-    """uint8 images → float in [0, 1] → (train only) crop/flip → normalise → (train only) Cutout.
+    """uint8 → float in [0, 1] (other dtypes → float as they are) → (train only) crop/flip → normalise → Cutout.
 
     Args:
-        mean: per-channel mean on the [0, 1] scale.
-        std: per-channel standard deviation on the [0, 1] scale.
+        mean: per-channel (images) or per-feature (feature vectors) mean, on the scale after the uint8 → [0, 1]
+            conversion; one value for any other input; ``None``: no normalisation.
+        std: standard deviations, shaped as ``mean``.
         crop_padding: random-crop padding in pixels (0 disables).
         hflip: random horizontal flips.
         cutout_size: Cutout square side in pixels (0 disables).
+        image: whether each input is an image ``[C, H, W]``; augmentation needs images.
+
+    Raises:
+        ValueError: augmentation asked for inputs that are not images.
     """
 
     def __init__(
         self,
-        mean: Sequence[float],
-        std: Sequence[float],
+        mean: Sequence[float] | None,
+        std: Sequence[float] | None,
         crop_padding: int = 0,
         hflip: bool = False,
         cutout_size: int = 0,
+        image: bool = True,
     ) -> None:
-        self.mean = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1)
-        self.std = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
         self.crop_padding = crop_padding
         self.hflip = hflip
         self.cutout_size = cutout_size
+        if self.augments and not image:
+            raise ValueError(
+                "augmentation (crop_padding, hflip, cutout) needs image inputs [C, H, W]; "
+                "turn it off for feature vectors or other inputs"
+            )
+        self.mean: Tensor | None = None
+        self.std: Tensor | None = None
+        if mean is not None and std is not None:
+            shape = (1, -1, 1, 1) if image else (1, -1) if len(mean) > 1 else ()
+            self.mean = torch.tensor(list(mean), dtype=torch.float32).view(shape)
+            self.std = torch.tensor(list(std), dtype=torch.float32).view(shape)
 
     @property
     def augments(self) -> bool:
@@ -75,15 +90,16 @@ class BatchTransform:
         return self.crop_padding > 0 or self.hflip or self.cutout_size > 0
 
     def __call__(self, x: Tensor, train: bool) -> Tensor:
-        """Transform a uint8 ``[B, C, H, W]`` batch into a normalised float32 one."""
-        if self.mean.device != x.device:
-            self.mean, self.std = self.mean.to(x.device), self.std.to(x.device)
+        """Transform a raw batch (uint8 or float) into a normalised float32 one."""
         out = x.float().div_(255.0) if x.dtype == torch.uint8 else x.float()
         if train and self.crop_padding > 0:
             out = random_crop(out, self.crop_padding)
         if train and self.hflip:
             out = random_hflip(out)
-        out = (out - self.mean) / self.std
+        if self.mean is not None and self.std is not None:
+            if self.mean.device != x.device:
+                self.mean, self.std = self.mean.to(x.device), self.std.to(x.device)
+            out = (out - self.mean) / self.std
         if train and self.cutout_size > 0:
             out = cutout(out, self.cutout_size)
         return out

@@ -18,7 +18,7 @@ import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import Tensor
 from typing_extensions import override
@@ -186,6 +186,21 @@ class Federation(Callback):
 
     # ---- setup --------------------------------------------------------------------------------------------------
 
+    def prepare_trainer(self, trainer: L.Trainer) -> None:
+        """Before Lightning reads ``max_epochs`` or resolves ``ckpt_path="last"`` (the datamodule calls this on attach).
+
+        Sets the Trainer's epochs to the rounds (no "max_epochs was not set" warning) and keeps the last checkpoint in
+        ``<default_root_dir>/checkpoints/last.ckpt``, so that ``trainer.fit(..., ckpt_path="last")`` resumes a plain
+        Python run as ``--ckpt_path last`` does on the command line.
+        """
+        if trainer.fit_loop.max_epochs is None:
+            trainer.fit_loop.max_epochs = self.rounds
+        for cb in trainer.checkpoint_callbacks:
+            if isinstance(cb, ModelCheckpoint) and cb.dirpath is None:
+                cb.dirpath = str(Path(trainer.default_root_dir) / "checkpoints")
+                if cb.save_last is None:
+                    cb.save_last = True
+
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         """Check the pieces fit together, hook the datamodule's round loader and prepare the run's record."""
@@ -226,7 +241,7 @@ class Federation(Callback):
             )
         self.dm = dm
         dm.plan_fn = self.local_plan
-        dm.per_client_batches = self._client_batches
+        dm.flat = not self._client_batches
         self._plans = {}
         trainer.fit_loop.max_epochs = self.rounds
         trainer.reload_dataloaders_every_n_epochs = 1

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from fl_lightning import losses
 from fl_lightning.context import ClientContext, ServerContext
+from fl_lightning.models import require_features
 from fl_lightning.module import FedAvg
 
 
@@ -264,10 +265,15 @@ class FedKA(FedAvg):
             raise ValueError(f"FedKA needs beta >= 0, mu >= 1 and gamma in (0, 1], got {beta}, {mu}, {gamma}")
         super().__init__(**kwargs)
         self.beta, self.mu = beta, mu
-        self.gamma = gamma if gamma is not None else 1.0 / (2 * self.num_classes)
+        self._gamma = gamma
         self.dominant: Tensor | None = None
         self.anchor_x: Tensor | None = None
         self.anchor_zg: Tensor | None = None
+
+    @property
+    def gamma(self) -> float:
+        """Dominance threshold γ (default 1/(2C), known once the number of classes is)."""
+        return self._gamma if self._gamma is not None else 1.0 / (2 * self.num_classes)
 
     def on_round_start(self, server: ServerContext) -> dict[str, Any]:
         """The shared minimal set S: the first holdout sample of every class."""
@@ -580,13 +586,25 @@ class MOON(FedAvg):
         if mu < 0 or tau <= 0 or proj_dim < 1:
             raise ValueError(f"MOON needs mu >= 0, tau > 0 and proj_dim >= 1, got {mu}, {tau}, {proj_dim}")
         super().__init__(**kwargs)
-        _require_features(self.net, "MOON")
-        self.mu, self.tau = mu, tau
-        dim = self.net.feature_dim
-        self.head = nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, proj_dim))
+        self.mu, self.tau, self.proj_dim = mu, tau, proj_dim
+        self.head: nn.Module | None = None
+        if self.net is not None:
+            self._build_head()
         # [global, previous]: frozen copies of net + head, kept in a list so that they are not submodules.
         self._frozen: list[nn.Module] = []
         self._prev_is_global = True  # the client's first round: h_prev is h_g, computed once
+
+    def _build_head(self) -> None:
+        require_features(self.net, "MOON")
+        dim = self.net.feature_dim
+        self.head = nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, self.proj_dim))
+
+    def configure_model(self) -> None:
+        """Build the projection head once a network built at fit start exists."""
+        super().configure_model()
+        if self.head is None:
+            self._build_head()
+            self.head.to(self.device)
 
     def project(self, x: Tensor) -> Tensor:
         """The projection h = head(features(x)) of the local model."""
@@ -695,15 +713,6 @@ class FedCurv(FedAvg):
         """Keep this round's sums for the next round; the global model is the average."""
         server.state["sums"] = {key: uploads[key] for key in ("fisher", "fisher_w", "fisher_w2")}
         return average
-
-
-def _require_features(net: nn.Module, method_name: str) -> None:
-    # Stand-in for fl_lightning.models.require_features (another branch adds it); swap when merged.
-    for attr in ("features", "feature_dim"):
-        if not hasattr(net, attr):
-            raise TypeError(
-                f"{method_name} needs a network with features(x) and feature_dim; {type(net).__name__} lacks {attr}"
-            )
 
 
 METHODS: dict[str, type[FedAvg]] = {

@@ -1,7 +1,8 @@
 """Networks used by the papers, built by name for any image shape and class count.
 
 Every network returns logits from ``forward`` and exposes ``features(x)`` (the penultimate representation,
-which MOON's projection head and feature-level methods use) and ``feature_dim``.
+which MOON's projection head and feature-level methods use) and ``feature_dim``. A user's own ``nn.Module`` needs only
+``forward`` (logits); :func:`require_features` says what a method needing more is missing.
 """
 
 from __future__ import annotations
@@ -13,12 +14,28 @@ from torch import Tensor, nn
 
 MODELS: tuple[str, ...] = ("lenet", "cnn", "tcnn", "resnet8", "resnet18", "resnet50")
 
+#: An image side: one int for square images, or (height, width).
+ImageSize = int | tuple[int, int]
+
+
+def image_hw(image_size: ImageSize | list[int]) -> tuple[int, int]:
+    """(height, width) of an image size given as one side or as a pair."""
+    if isinstance(image_size, int | float):
+        return int(image_size), int(image_size)
+    h, w = image_size
+    return int(h), int(w)
+
 
 def _pooled_size(size: int, convs: list[tuple[int, int]]) -> int:
     """Spatial size after a chain of (kernel, padding) stride-1 convs each followed by 2x2 max-pooling."""
     for kernel, padding in convs:
         size = (size + 2 * padding - kernel + 1) // 2
     return size
+
+
+def _pooled_area(image_size: ImageSize, convs: list[tuple[int, int]]) -> tuple[int, int]:
+    h, w = image_hw(image_size)
+    return _pooled_size(h, convs), _pooled_size(w, convs)
 
 
 class _ConvNet(nn.Module):
@@ -40,15 +57,16 @@ class _ConvNet(nn.Module):
         return self.classifier(self.features(x))
 
 
-def lenet(in_channels: int, image_size: int, num_classes: int) -> nn.Module:
+def lenet(in_channels: int, image_size: ImageSize, num_classes: int) -> nn.Module:
     """NIID-Bench / FedSSD / FedCAD CNN: conv 6@5x5 → pool → conv 16@5x5 → pool → fc 120 → fc 84 → C.
 
     Small inputs (digits' 8x8) get padding 2 so the two 5x5 convolutions still fit.
     """
-    pad = 0 if image_size >= 16 else 2
-    side = _pooled_size(image_size, [(5, pad), (5, pad)])
-    if side < 1:
-        raise ValueError(f"lenet needs images of at least 8x8 pixels, got {image_size}x{image_size}")
+    pad = 0 if min(image_hw(image_size)) >= 16 else 2
+    rows, cols = _pooled_area(image_size, [(5, pad), (5, pad)])
+    if min(rows, cols) < 1:
+        h, w = image_hw(image_size)
+        raise ValueError(f"lenet needs images of at least 8x8 pixels, got {h}x{w}")
     body = nn.Sequential(
         nn.Conv2d(in_channels, 6, 5, padding=pad),
         nn.ReLU(),
@@ -57,13 +75,13 @@ def lenet(in_channels: int, image_size: int, num_classes: int) -> nn.Module:
         nn.ReLU(),
         nn.MaxPool2d(2),
     )
-    hidden = nn.Sequential(nn.Linear(16 * side * side, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU())
+    hidden = nn.Sequential(nn.Linear(16 * rows * cols, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU())
     return _ConvNet(body, hidden, 84, num_classes)
 
 
-def cnn(in_channels: int, image_size: int, num_classes: int) -> nn.Module:
+def cnn(in_channels: int, image_size: ImageSize, num_classes: int) -> nn.Module:
     """FedNTD / FedLMD CNN: conv 32@5x5 pad 2 → pool → conv 64@5x5 pad 2 → pool → fc 512 → C (512-d features)."""
-    side = _pooled_size(image_size, [(5, 2), (5, 2)])
+    rows, cols = _pooled_area(image_size, [(5, 2), (5, 2)])
     body = nn.Sequential(
         nn.Conv2d(in_channels, 32, 5, padding=2),
         nn.ReLU(),
@@ -72,13 +90,13 @@ def cnn(in_channels: int, image_size: int, num_classes: int) -> nn.Module:
         nn.ReLU(),
         nn.MaxPool2d(2),
     )
-    hidden = nn.Sequential(nn.Linear(64 * side * side, 512), nn.ReLU())
+    hidden = nn.Sequential(nn.Linear(64 * rows * cols, 512), nn.ReLU())
     return _ConvNet(body, hidden, 512, num_classes)
 
 
-def tcnn(in_channels: int, image_size: int, num_classes: int) -> nn.Module:
+def tcnn(in_channels: int, image_size: ImageSize, num_classes: int) -> nn.Module:
     """FedKA t-CNN: conv 32@3x3 → pool → conv 64@3x3 → pool → fc 512 → C."""
-    side = _pooled_size(image_size, [(3, 1), (3, 1)])
+    rows, cols = _pooled_area(image_size, [(3, 1), (3, 1)])
     body = nn.Sequential(
         nn.Conv2d(in_channels, 32, 3, padding=1),
         nn.ReLU(),
@@ -87,7 +105,7 @@ def tcnn(in_channels: int, image_size: int, num_classes: int) -> nn.Module:
         nn.ReLU(),
         nn.MaxPool2d(2),
     )
-    hidden = nn.Sequential(nn.Linear(64 * side * side, 512), nn.ReLU())
+    hidden = nn.Sequential(nn.Linear(64 * rows * cols, 512), nn.ReLU())
     return _ConvNet(body, hidden, 512, num_classes)
 
 
@@ -164,22 +182,22 @@ class ResNet(nn.Module):
         return self.classifier(self.features(x))
 
 
-def resnet8(in_channels: int, image_size: int, num_classes: int) -> nn.Module:
+def resnet8(in_channels: int, image_size: ImageSize, num_classes: int) -> nn.Module:
     """ResNet-8: three stages of one basic block (16, 32, 64 channels)."""
     return ResNet(_BasicBlock, [1, 1, 1], [16, 32, 64], in_channels, num_classes)
 
 
-def resnet18(in_channels: int, image_size: int, num_classes: int) -> nn.Module:
+def resnet18(in_channels: int, image_size: ImageSize, num_classes: int) -> nn.Module:
     """ResNet-18 with a CIFAR stem."""
     return ResNet(_BasicBlock, [2, 2, 2, 2], [64, 128, 256, 512], in_channels, num_classes)
 
 
-def resnet50(in_channels: int, image_size: int, num_classes: int) -> nn.Module:
+def resnet50(in_channels: int, image_size: ImageSize, num_classes: int) -> nn.Module:
     """ResNet-50 with a CIFAR stem."""
     return ResNet(_Bottleneck, [3, 4, 6, 3], [64, 128, 256, 512], in_channels, num_classes)
 
 
-_BUILDERS: dict[str, Callable[[int, int, int], nn.Module]] = {
+_BUILDERS: dict[str, Callable[[int, ImageSize, int], nn.Module]] = {
     "lenet": lenet,
     "cnn": cnn,
     "tcnn": tcnn,
@@ -189,17 +207,60 @@ _BUILDERS: dict[str, Callable[[int, int, int], nn.Module]] = {
 }
 
 
-def build_model(name: str, in_channels: int, image_size: int, num_classes: int) -> nn.Module:
-    """Build a network by name for ``in_channels`` x ``image_size`` x ``image_size`` inputs and ``num_classes``.
+def build_model(name: str, in_channels: int, image_size: ImageSize, num_classes: int) -> nn.Module:
+    """Build a network by name for ``in_channels`` x height x width inputs and ``num_classes``.
+
+    Args:
+        name: one of :data:`MODELS`.
+        in_channels: image channels.
+        image_size: image side (square) or (height, width).
+        num_classes: classes, at least 2.
 
     Raises:
         ValueError: for an unknown name or impossible shapes.
     """
     if name not in _BUILDERS:
-        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
-    if in_channels < 1 or image_size < 1 or num_classes < 2:
+        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)} or pass an nn.Module")
+    h, w = image_hw(image_size)
+    if in_channels < 1 or min(h, w) < 1 or num_classes < 2:
         raise ValueError(
-            f"model {name!r} needs in_channels >= 1, image_size >= 1 and num_classes >= 2, "
-            f"got {in_channels}, {image_size}, {num_classes}"
+            f"model {name!r} needs in_channels >= 1, an image size >= 1 and num_classes >= 2, "
+            f"got {in_channels}, {h}x{w}, {num_classes}"
         )
     return _BUILDERS[name](in_channels, image_size, num_classes)
+
+
+def require_features(net: nn.Module, method_name: str) -> None:
+    """Check that ``net`` exposes ``features(x)`` and ``feature_dim`` (penultimate representation and its size).
+
+    Raises:
+        TypeError: naming the missing attribute and the method that needs it.
+    """
+    missing = [
+        what
+        for what, ok in (
+            ("a features(x) method", callable(getattr(net, "features", None))),
+            ("an integer feature_dim attribute", isinstance(getattr(net, "feature_dim", None), int)),
+        )
+        if not ok
+    ]
+    if missing:
+        raise TypeError(
+            f"{method_name} needs the network's penultimate features, but {type(net).__name__} lacks "
+            f"{' and '.join(missing)}; add them to your network (features(x) -> [B, feature_dim], and forward(x) = "
+            "a linear classifier of features(x)) or use a built-in network"
+        )
+
+
+def net_name(net: nn.Module | str) -> str:
+    """What results record as the network: a built-in name, or the module's import path (``mypkg.MyNet``)."""
+    if isinstance(net, str):
+        return net
+    cls = type(net)
+    return cls.__qualname__ if cls.__module__ in ("builtins", "__main__") else f"{cls.__module__}.{cls.__qualname__}"
+
+
+def infer_num_classes(net: nn.Module) -> int | None:
+    """The output size of the network's last ``nn.Linear`` layer (its class count), or None if it has none."""
+    linears = [m for m in net.modules() if isinstance(m, nn.Linear)]
+    return int(linears[-1].out_features) if linears else None

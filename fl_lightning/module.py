@@ -13,7 +13,7 @@ from lightning.pytorch.strategies import SingleDeviceStrategy
 from torch import Tensor, nn
 
 from fl_lightning.context import ClientContext, ServerContext
-from fl_lightning.models import MODELS, build_model
+from fl_lightning.models import MODELS, build_model, net_name
 
 
 class FederatedHooks:
@@ -146,10 +146,13 @@ class FedAvg(FederatedHooks, L.LightningModule):
     hooks of :class:`FederatedHooks` (table there), which the :class:`~fl_lightning.Federation` callback calls.
 
     Args:
-        net: network name: ``lenet``, ``cnn``, ``tcnn``, ``resnet8``, ``resnet18`` or ``resnet50``.
-        num_classes: number of classes (linked from the datamodule by the CLI).
-        in_channels: image channels (linked from the datamodule by the CLI).
-        image_size: image side in pixels (linked from the datamodule by the CLI).
+        net: the network: an ``nn.Module`` returning logits (used as given; in YAML ``{"class_path": "mypkg.MyNet",
+            "init_args": {...}}``), or a built-in name: ``lenet``, ``cnn``, ``tcnn``, ``resnet8``, ``resnet18`` or
+            ``resnet50``.
+        num_classes: number of classes (linked from the datamodule by the CLI; taken from the datamodule at fit
+            start when left out).
+        in_channels: image channels, for a built-in network (as ``num_classes``).
+        image_size: image side, or (height, width), for a built-in network (as ``num_classes``).
         lr: initial local learning rate lr_0 (the Federation callback decays it per round).
         momentum: SGD momentum (local only: optimizer state is reset for every client and round).
         weight_decay: SGD weight decay.
@@ -160,14 +163,20 @@ class FedAvg(FederatedHooks, L.LightningModule):
         clip_grad_norm: clip every local step's gradient to this total L2 norm (``None``: no clipping, as in every
             paper). Not part of any method; it keeps unbounded regularisers stable where the paper's step size is
             not (FedKA on LeNet/Fashion-MNIST, see the README).
+
+    Initialisation: a built-in network given with all of ``num_classes``, ``in_channels`` and ``image_size`` is built
+    in the constructor from torch's global generator (seed it with ``L.seed_everything``, as the CLI does). Without
+    them it is built once, at fit start (``configure_model``), for the datamodule's data and under a torch seed taken
+    from the datamodule's ``seed``, so a plain-Python run is reproducible without ``seed_everything``. A network
+    passed as a module is initialised by whoever built it.
     """
 
     def __init__(
         self,
-        net: str = "lenet",
-        num_classes: int = 10,
-        in_channels: int = 1,
-        image_size: int = 28,
+        net: nn.Module | str = "lenet",
+        num_classes: int | None = None,
+        in_channels: int | None = None,
+        image_size: int | tuple[int, int] | None = None,
         lr: float = 0.01,
         momentum: float = 0.9,
         weight_decay: float = 1e-5,
@@ -175,26 +184,88 @@ class FedAvg(FederatedHooks, L.LightningModule):
         clip_grad_norm: float | None = None,
     ) -> None:
         super().__init__()
-        if net not in MODELS:
-            raise ValueError(f"unknown model {net!r}; choose one of {', '.join(MODELS)}")
+        if isinstance(net, str) and net not in MODELS:
+            raise ValueError(
+                f"unknown model {net!r}; choose one of {', '.join(MODELS)}, or pass an nn.Module "
+                '(in YAML: {"class_path": "mypkg.MyNet"})'
+            )
+        if not isinstance(net, nn.Module | str):
+            raise TypeError(f"net must be an nn.Module or a built-in network's name, got {type(net).__name__}")
         if lr <= 0:
             raise ValueError(f"lr must be positive, got {lr}")
         if not 0 <= momentum < 1:
             raise ValueError(f"momentum must be in [0, 1), got {momentum}")
         if clip_grad_norm is not None and clip_grad_norm <= 0:
             raise ValueError(f"clip_grad_norm must be positive (or None for no clipping), got {clip_grad_norm}")
-        self.save_hyperparameters()
+        # The network itself is not a hyper-parameter; results, checkpoints and loggers record its name or class path.
+        self.save_hyperparameters(ignore=["net"])
+        self.hparams["net"] = net_name(net)
         # Manual optimization: one explicit step per batch is both what FL local training is and measurably cheaper
         # than Lightning's closure machinery on small CPU models (see bench/).
         self.automatic_optimization = False
-        self.net = build_model(net, in_channels, image_size, num_classes)
-        self.num_classes = num_classes
+        self._num_classes = num_classes
+        self.net: nn.Module | None = None
+        if isinstance(net, nn.Module):
+            self.net = net
+        elif None not in (num_classes, in_channels, image_size):
+            self.net = build_model(net, in_channels, image_size, num_classes)
         self.client: ClientContext | None = None
         self._direct_step = False
         self._clip_grad_norm = clip_grad_norm
 
+    @property
+    def num_classes(self) -> int:
+        """Number of classes C (raises AttributeError until known: given, or taken from the datamodule at fit)."""
+        if self._num_classes is None:
+            raise AttributeError(f"{type(self).__name__}.num_classes is not known before fit starts")
+        return self._num_classes
+
+    @num_classes.setter
+    def num_classes(self, value: int) -> None:
+        self._num_classes = int(value)
+
+    def configure_model(self) -> None:
+        """Build a built-in network left unbuilt by the constructor, for the datamodule's data (see the class doc)."""
+        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        if self._num_classes is None:
+            if datamodule is None or getattr(datamodule, "num_classes", None) is None:
+                raise ValueError(
+                    f"{type(self).__name__} does not know the number of classes: pass num_classes=..., "
+                    "or fit with a FederatedDataModule"
+                )
+            self.num_classes = datamodule.num_classes
+            self._record_hparam("num_classes", self.num_classes)
+        if self.net is not None:
+            return
+        for attr in ("in_channels", "image_size"):
+            if self.hparams.get(attr) is None:
+                value = getattr(datamodule, attr, None)
+                if value is None:
+                    raise ValueError(
+                        f"the built-in network {self.hparams.net!r} needs images, and the data has none "
+                        f"({attr} unknown); pass net=<your nn.Module> for tabular or other inputs"
+                    )
+                self._record_hparam(attr, value)
+        seed = int(getattr(datamodule, "seed", 0))
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.net = build_model(
+                self.hparams.net, self.hparams.in_channels, self.hparams.image_size, self.num_classes
+            ).to(self.device)
+
+    def _record_hparam(self, name: str, value: Any) -> None:
+        """Record a value resolved at fit start in the hyper-parameters (checkpoints) and what loggers receive."""
+        self.hparams[name] = value
+        if getattr(self, "_hparams_initial", None) is not None:
+            self._hparams_initial[name] = value
+
     def forward(self, x: Tensor) -> Tensor:
         """Class logits."""
+        if self.net is None:
+            raise RuntimeError(
+                f"{type(self).__name__}'s built-in network is built at fit start (it needs the data's shapes); "
+                "pass num_classes, in_channels and image_size to build it now"
+            )
         return self.net(x)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:

@@ -15,7 +15,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+#: The synthetic partitions, drawn from the labels and a seed.
 PARTITIONS: tuple[str, ...] = ("iid", "dirichlet", "shard", "classes_per_client")
+#: Every scheme :func:`partition` knows: the synthetic ones and ``given`` (each sample's client named by the user).
+SCHEMES: tuple[str, ...] = (*PARTITIONS, "given")
 
 Labels = Sequence[int] | np.ndarray
 
@@ -205,6 +208,48 @@ def classes_per_client(labels: Labels, num_clients: int, k: int, seed: int = 0) 
     return _finish([np.concatenate(p) if p else np.empty(0, dtype=np.int64) for p in parts])
 
 
+def given(labels: Labels, client_ids: Sequence[int | str] | np.ndarray) -> list[np.ndarray]:
+    """Natural clients (writers, hospitals, devices): sample i belongs to the client named ``client_ids[i]``.
+
+    Ids may be any integers or strings; the distinct ids, sorted, become clients 0..K-1 (so ids need not be
+    contiguous). No randomness is involved.
+
+    Args:
+        labels: class index per sample (checked, and for its length).
+        client_ids: one id per sample.
+
+    Returns:
+        One sorted int64 index array per distinct id, in sorted id order.
+
+    >>> [p.tolist() for p in given([0, 1, 0, 1], ["b", "a", "b", "c"])]
+    [[1], [0, 2], [3]]
+    """
+    y = _labels(labels)
+    ids = client_id_array(client_ids)
+    if len(ids) != len(y):
+        raise ValueError(
+            f"client_ids has {len(ids)} entries but there are {len(y)} samples to partition; give one id per sample"
+        )
+    _, inverse = np.unique(ids, return_inverse=True)
+    order = np.argsort(inverse, kind="stable")
+    cuts = np.flatnonzero(np.diff(inverse[order])) + 1
+    return _finish(np.split(order, cuts))
+
+
+def client_id_array(client_ids: Sequence[int | str] | np.ndarray) -> np.ndarray:
+    """The ids as a 1-D numpy array of integers or strings, with a clear error for anything else."""
+    if hasattr(client_ids, "numpy") and callable(client_ids.numpy):  # a torch tensor
+        client_ids = client_ids.detach().cpu().numpy()
+    ids = np.asarray(client_ids)
+    if ids.ndim != 1:
+        raise ValueError(f"client_ids must be one id per sample (1-D), got shape {ids.shape}")
+    if ids.size == 0:
+        raise ValueError("client_ids is empty")
+    if not (np.issubdtype(ids.dtype, np.integer) or ids.dtype.kind in "US"):
+        raise ValueError(f"client ids must be integers or strings, got dtype {ids.dtype}")
+    return ids
+
+
 _classes_per_client = classes_per_client  # the dispatcher's keyword argument shadows the function's name
 
 
@@ -218,22 +263,34 @@ def partition(
     shards_per_client: int = 2,
     classes_per_client: int = 2,
     min_size: int = 10,
+    client_ids: Sequence[int | str] | np.ndarray | None = None,
 ) -> list[np.ndarray]:
-    """Partition by scheme name, one of ``PARTITIONS``; only the keyword arguments of that scheme are used.
+    """Partition by scheme name, one of ``SCHEMES``; only the keyword arguments of that scheme are used.
 
     Args:
         labels: class index per sample.
-        scheme: ``"iid"``, ``"dirichlet"``, ``"shard"`` or ``"classes_per_client"``.
+        scheme: ``"iid"``, ``"dirichlet"``, ``"shard"``, ``"classes_per_client"`` or ``"given"``.
         num_clients: number of clients N.
         seed: random seed.
         alpha: Dirichlet concentration (``dirichlet``).
         shards_per_client: shards per client (``shard``).
         classes_per_client: labels per client k (``classes_per_client``).
         min_size: smallest acceptable client (``dirichlet``).
+        client_ids: the client of every sample (``given``; ``num_clients`` must match the distinct ids).
 
     Returns:
         One sorted int64 index array per client.
     """
+    if scheme == "given":
+        if client_ids is None:
+            raise ValueError("partition 'given' needs client_ids: the client of every training sample")
+        parts = given(labels, client_ids)
+        if len(parts) != num_clients:
+            raise ValueError(
+                f"client_ids name {len(parts)} distinct clients but num_clients is {num_clients}; "
+                "leave num_clients unset or make them agree"
+            )
+        return parts
     if scheme == "iid":
         return iid(labels, num_clients, seed)
     if scheme == "dirichlet":
@@ -242,7 +299,7 @@ def partition(
         return shard(labels, num_clients, shards_per_client, seed)
     if scheme == "classes_per_client":
         return _classes_per_client(labels, num_clients, classes_per_client, seed)
-    raise ValueError(f"unknown partition {scheme!r}; choose one of {', '.join(PARTITIONS)}")
+    raise ValueError(f"unknown partition {scheme!r}; choose one of {', '.join(SCHEMES)}")
 
 
 def class_counts(labels: Labels, parts: Sequence[np.ndarray], num_classes: int) -> np.ndarray:

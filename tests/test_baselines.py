@@ -349,10 +349,10 @@ def test_moon_frozen_models_are_not_trained_or_saved():
 
 
 def test_moon_needs_features():
-    from fl_lightning.methods import _require_features
+    from fl_lightning.methods import MOON
 
-    with pytest.raises(TypeError, match="MOON needs a network with features"):
-        _require_features(nn.Linear(2, 2), "MOON")
+    with pytest.raises(TypeError, match="MOON needs .*features"):
+        MOON(net=nn.Linear(2, 2))
 
 
 # ---- FedCurv -------------------------------------------------------------------------------------------------------

@@ -1,0 +1,257 @@
+"""The client update as a LightningModule. FedAvg is the base class; every method overrides its loss."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.strategies import SingleDeviceStrategy
+from torch import Tensor, nn
+
+from fl_lightning.context import ClientContext, ServerContext
+from fl_lightning.models import MODELS, build_model, net_name
+
+
+class FedAvg(L.LightningModule):
+    """FedAvg's local update (McMahan et al., AISTATS 2017, arXiv:1602.05629): L = CE(z, y).
+
+    Methods subclass this and override :meth:`client_loss` (and, if they need server or client state, the
+    per-round hooks :meth:`on_round_start`, :meth:`on_client_start`, :meth:`on_client_end`), which the
+    :class:`~fl_lightning.Federation` callback calls.
+
+    Args:
+        net: the network: an ``nn.Module`` returning logits (used as given; in YAML ``{"class_path": "mypkg.MyNet",
+            "init_args": {...}}``), or a built-in name: ``lenet``, ``cnn``, ``tcnn``, ``resnet8``, ``resnet18`` or
+            ``resnet50``.
+        num_classes: number of classes (linked from the datamodule by the CLI; taken from the datamodule at fit
+            start when left out).
+        in_channels: image channels, for a built-in network (as ``num_classes``).
+        image_size: image side, or (height, width), for a built-in network (as ``num_classes``).
+        lr: initial local learning rate lr_0 (the Federation callback decays it per round).
+        momentum: SGD momentum (local only: optimizer state is reset for every client and round).
+        weight_decay: SGD weight decay.
+        step_hooks: run each local step through Lightning's backward/optimizer machinery, so that callbacks'
+            ``on_before_backward``/``on_after_backward``/``on_before_optimizer_step`` hooks fire. Off by default on a
+            single device without a gradient scaler, where calling backward and the optimizer directly is cheaper
+            (see ``bench/``); always on with a gradient scaler (``16-mixed``) or a distributed strategy.
+        clip_grad_norm: clip every local step's gradient to this total L2 norm (``None``: no clipping, as in every
+            paper). Not part of any method; it keeps unbounded regularisers stable where the paper's step size is
+            not (FedKA on LeNet/Fashion-MNIST, see the README).
+
+    Initialisation: a built-in network given with all of ``num_classes``, ``in_channels`` and ``image_size`` is built
+    in the constructor from torch's global generator (seed it with ``L.seed_everything``, as the CLI does). Without
+    them it is built once, at fit start (``configure_model``), for the datamodule's data and under a torch seed taken
+    from the datamodule's ``seed``, so a plain-Python run is reproducible without ``seed_everything``. A network
+    passed as a module is initialised by whoever built it.
+    """
+
+    #: Short name used in results and tables.
+    method_name = "fedavg"
+    #: Whether the frozen global model is run as a teacher on every batch.
+    uses_teacher = False
+    #: Server holdout samples per class the method needs (``--data.holdout_per_class``).
+    holdout_per_class_required = 0
+    #: Whether the method needs every optimizer step to happen (no fp16 GradScaler skipping).
+    needs_exact_steps = False
+
+    def __init__(
+        self,
+        net: nn.Module | str = "lenet",
+        num_classes: int | None = None,
+        in_channels: int | None = None,
+        image_size: int | tuple[int, int] | None = None,
+        lr: float = 0.01,
+        momentum: float = 0.9,
+        weight_decay: float = 1e-5,
+        step_hooks: bool = False,
+        clip_grad_norm: float | None = None,
+    ) -> None:
+        super().__init__()
+        if isinstance(net, str) and net not in MODELS:
+            raise ValueError(
+                f"unknown model {net!r}; choose one of {', '.join(MODELS)}, or pass an nn.Module "
+                '(in YAML: {"class_path": "mypkg.MyNet"})'
+            )
+        if not isinstance(net, nn.Module | str):
+            raise TypeError(f"net must be an nn.Module or a built-in network's name, got {type(net).__name__}")
+        if lr <= 0:
+            raise ValueError(f"lr must be positive, got {lr}")
+        if not 0 <= momentum < 1:
+            raise ValueError(f"momentum must be in [0, 1), got {momentum}")
+        if clip_grad_norm is not None and clip_grad_norm <= 0:
+            raise ValueError(f"clip_grad_norm must be positive (or None for no clipping), got {clip_grad_norm}")
+        # The network itself is not a hyper-parameter; results, checkpoints and loggers record its name or class path.
+        self.save_hyperparameters(ignore=["net"])
+        self.hparams["net"] = net_name(net)
+        # Manual optimization: one explicit step per batch is both what FL local training is and measurably cheaper
+        # than Lightning's closure machinery on small CPU models (see bench/).
+        self.automatic_optimization = False
+        self._num_classes = num_classes
+        self.net: nn.Module | None = None
+        if isinstance(net, nn.Module):
+            self.net = net
+        elif None not in (num_classes, in_channels, image_size):
+            self.net = build_model(net, in_channels, image_size, num_classes)
+        self.client: ClientContext | None = None
+        # Kept in a list so that the teacher is neither a submodule nor part of the state dict.
+        self._teacher: list[nn.Module] = []
+        self._direct_step = False
+        self._clip_grad_norm = clip_grad_norm
+
+    @property
+    def num_classes(self) -> int:
+        """Number of classes C (raises AttributeError until known: given, or taken from the datamodule at fit)."""
+        if self._num_classes is None:
+            raise AttributeError(f"{type(self).__name__}.num_classes is not known before fit starts")
+        return self._num_classes
+
+    @num_classes.setter
+    def num_classes(self, value: int) -> None:
+        self._num_classes = int(value)
+
+    def configure_model(self) -> None:
+        """Build a built-in network left unbuilt by the constructor, for the datamodule's data (see the class doc)."""
+        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        if self._num_classes is None:
+            if datamodule is None or getattr(datamodule, "num_classes", None) is None:
+                raise ValueError(
+                    f"{type(self).__name__} does not know the number of classes: pass num_classes=..., "
+                    "or fit with a FederatedDataModule"
+                )
+            self.num_classes = datamodule.num_classes
+            self.hparams["num_classes"] = self.num_classes
+        if self.net is not None:
+            return
+        for attr in ("in_channels", "image_size"):
+            if self.hparams.get(attr) is None:
+                value = getattr(datamodule, attr, None)
+                if value is None:
+                    raise ValueError(
+                        f"the built-in network {self.hparams.net!r} needs images, and the data has none "
+                        f"({attr} unknown); pass net=<your nn.Module> for tabular or other inputs"
+                    )
+                self.hparams[attr] = value
+        seed = int(getattr(datamodule, "seed", 0))
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.net = build_model(
+                self.hparams.net, self.hparams.in_channels, self.hparams.image_size, self.num_classes
+            ).to(self.device)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Class logits."""
+        if self.net is None:
+            raise RuntimeError(
+                f"{type(self).__name__}'s built-in network is built at fit start (it needs the data's shapes); "
+                "pass num_classes, in_channels and image_size to build it now"
+            )
+        return self.net(x)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        """Local SGD; its state is reset at the start of every client's update."""
+        return torch.optim.SGD(
+            self.parameters(),
+            lr=self.hparams.lr,
+            momentum=self.hparams.momentum,
+            weight_decay=self.hparams.weight_decay,
+        )
+
+    def training_step(self, batch: Iterable[tuple[Tensor, Tensor]], batch_idx: int) -> Tensor:
+        """One client's local update: a step on each of its batches (``batch_idx`` is the client's slot in the round).
+
+        Returns the mean training loss over its steps.
+        """
+        total = None
+        steps = 0
+        for x, y in batch:
+            loss = self.local_step(x, y)
+            total = loss if total is None else total + loss
+            steps += 1
+        if total is None:
+            raise ValueError(f"client slot {batch_idx} has no local batch")
+        return total / steps
+
+    def local_step(self, x: Tensor, y: Tensor) -> Tensor:
+        """One local optimizer step on one (augmented, normalised) batch; returns its detached loss."""
+        loss = self.client_loss(x, y)
+        opt = self.optimizers()
+        opt.zero_grad()
+        if self._direct_step:
+            loss.backward()
+            self.before_local_step()
+            self._clip_gradients()
+            # Lightning's own step bookkeeping (global_step, which checkpointing keys on), without its hook chain.
+            opt._on_before_step()
+            opt.optimizer.step()
+            opt._on_after_step()
+        else:
+            self.manual_backward(loss)
+            self.before_local_step()
+            opt.step()
+        return loss.detach()
+
+    def on_fit_start(self) -> None:
+        """Decide whether local steps may bypass Lightning's per-step hooks (see ``step_hooks``)."""
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        single = isinstance(self.trainer.strategy, SingleDeviceStrategy)
+        self._direct_step = not self.hparams.get("step_hooks", False) and scaler is None and single
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """With ``step_hooks`` (or a gradient scaler), clip here: Lightning has unscaled the gradients by now."""
+        self._clip_gradients()
+
+    def _clip_gradients(self) -> None:
+        if self._clip_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(self.parameters(), self._clip_grad_norm)
+
+    def before_local_step(self) -> None:
+        """Called between the backward pass and the optimizer step (e.g. to correct gradients)."""
+
+    def client_loss(self, x: Tensor, y: Tensor) -> Tensor:
+        """The method's local objective on one (augmented, normalised) batch."""
+        return F.cross_entropy(self(x), y)
+
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        """Accuracy and loss of the (global) model on the test set, for ``trainer.test``."""
+        x, y = batch
+        logits = self(x).float()
+        self.log("test/loss", F.cross_entropy(logits, y))
+        self.log("test/acc", (logits.argmax(1) == y).float().mean())
+
+    # ---- federation hooks -------------------------------------------------------------------------------------
+
+    def on_round_start(self, server: ServerContext) -> dict[str, Any]:
+        """Server side, once per round with the global weights loaded: return what every client receives."""
+        return {}
+
+    def on_client_start(self, client: ClientContext) -> None:
+        """Client side, after the global weights are loaded and before the first local step."""
+        self.client = client
+        if self.uses_teacher:
+            if not self._teacher:
+                teacher = copy.deepcopy(self.net)
+                teacher.requires_grad_(False)
+                self._teacher.append(teacher)
+            self._teacher[0].load_state_dict(self.net.state_dict())
+            self._teacher[0].to(self.device).eval()
+
+    def on_client_end(self, client: ClientContext) -> None:
+        """Client side, after the last local step and before the weights are sent."""
+
+    # ---- teacher ------------------------------------------------------------------------------------------------
+
+    @property
+    def teacher(self) -> nn.Module:
+        """The frozen copy of this round's global network (evaluation mode, no gradients)."""
+        if not self._teacher:
+            raise RuntimeError(f"{type(self).__name__} has no teacher before its first client starts")
+        return self._teacher[0]
+
+    @torch.no_grad()
+    def teacher_logits(self, x: Tensor) -> Tensor:
+        """z_g: the global model's logits on ``x``, with no gradient."""
+        return self.teacher(x)
