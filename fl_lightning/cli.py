@@ -347,6 +347,13 @@ def one_line(err: BaseException) -> str:
             if ln.startswith("- ") and "Expected a <class" not in ln:
                 reason = ln[2:] + (" " + lines[i + 1] if ln.endswith(":") and i + 1 < len(lines) else "")
                 return f"{key.rstrip(':')}: {reason}" if key else reason
+        # Every member only says "Expected a <class 'X'>": name the types and the value given.
+        types = [ln.split("'")[1] for ln in lines[union:] if ln.startswith("- Expected a <class '")]
+        given = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("Given value:")), None)
+        name = lines[0].split('"')[1] if lines[0].startswith("Parser key") and '"' in lines[0] else ""
+        if name and types:
+            names = ["None" if t == "NoneType" else t for t in types]
+            return f"--{name}: expected {' or '.join(names)}, got {given!r}"
         return lines[0]
     if isinstance(err, ArgumentError) or type(err).__name__ == "ArgumentError":
         return _parser_line(lines)

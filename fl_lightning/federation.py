@@ -144,6 +144,16 @@ class Federation(Callback):
         self._round: _Round | None = None
         self._pending_state: dict[str, Any] | None = None
 
+    @property
+    def history(self) -> list[dict[str, float]]:
+        """The evaluated rounds so far, one dict per ``metrics.csv`` row (empty before fit)."""
+        return self.recorder.history if self.recorder is not None else []
+
+    @property
+    def status(self) -> str:
+        """``running``, or how the run ended: ``completed``, ``diverged``, ``interrupted`` or ``failed``."""
+        return self.recorder.status if self.recorder is not None else "running"
+
     # ---- planning ---------------------------------------------------------------------------------------------
 
     def num_sampled(self, num_clients: int) -> int:

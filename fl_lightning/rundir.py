@@ -37,6 +37,8 @@ TRAINER_SCIENCE_KEYS: tuple[str, ...] = (
 GROW_KEYS: tuple[str, ...] = ("federation.rounds", "trainer.max_epochs")
 #: Model hyper-parameters derived from the data (linked at instantiation, absent from the parsed config).
 _DERIVED = ("num_classes", "in_channels", "image_size")
+#: Data options that, left unset (None), are read from the data itself; the data keys themselves are compared.
+_DATA_DERIVED = ("data.num_classes", "data.num_clients")
 #: Files that make a directory hold a run's results (a directory with only config.yaml/partition files holds none).
 RESULT_FILES: tuple[str, ...] = ("summary.json", "metrics.csv")
 #: Statuses after which a run is over.
@@ -112,7 +114,7 @@ def science_diff(saved: Mapping[str, Any], new: Mapping[str, Any], allow_growth:
         if not is_science_key(key):
             continue
         old, cur = old_flat.get(key, "<unset>"), new_flat.get(key, "<unset>")
-        if _same(old, cur):
+        if _same(old, cur) or (cur is None and key in _DATA_DERIVED):
             continue
         if allow_growth and key in GROW_KEYS and isinstance(old, int) and isinstance(cur, int) and cur > old:
             continue
@@ -246,6 +248,8 @@ def checkpoint_diff(ckpt: Mapping[str, Any], new: Mapping[str, Any]) -> list[str
     data = new.get("data") or {}
     for key, value in sorted((ckpt.get("datamodule_hyper_parameters") or {}).items()):
         if key.startswith("_") or key not in data or not is_science_key(f"data.{key}"):
+            continue
+        if data[key] is None and f"data.{key}" in _DATA_DERIVED:
             continue
         if not _same(value, data[key]):
             out.append(f"data.{key}: {value} -> {data[key]}")

@@ -187,5 +187,5 @@ def test_import_pulls_in_neither_the_cli_nor_matplotlib():
         imports = _top_level_imports(module)
         assert not [m for m in imports if m.split(".")[0] == "matplotlib"], module
         todo += [m for m in imports if m.startswith("fl_lightning")]
-    assert {"fl_lightning.data", "fl_lightning.federation", "fl_lightning.plots"} <= seen
+    assert {"fl_lightning.data", "fl_lightning.federation", "fl_lightning.recorder"} <= seen
     assert "fl_lightning.cli" not in seen and "fl_lightning.compare" not in seen

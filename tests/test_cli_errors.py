@@ -47,7 +47,7 @@ def test_bad_value_is_one_line_and_exit_2():
     # Before: a 35-56-line traceback or a 70-line usage wall before the one line that matters.
     out = cli("fit", "--config", "configs/quickstart.yaml", "--data.num_clients", "abc")
     assert out.returncode == 2
-    assert out.stderr.strip().splitlines() == ["error: --data.num_clients: Expected a <class 'int'>. Got value: abc"]
+    assert out.stderr.strip().splitlines() == ["error: --data.num_clients: expected int or None, got 'abc'"]
 
 
 @pytest.mark.parametrize(
