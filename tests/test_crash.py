@@ -113,6 +113,7 @@ def test_sigkill_at_random_points_leaves_no_truncated_file(tmp_path, reference):
         assert_no_truncated_file(run_dir)
         assert not list(run_dir.glob("*.tmp")) and not list(run_dir.glob(".*.tmp")), "a temporary file was left"
         if json.loads((run_dir / "summary.json").read_text())["status"] != "completed":  # else it ended before the kill
-            done = subprocess.run(fit(run_dir, "--ckpt_path", "last"), cwd=ROOT, env=ENV, capture_output=True, text=True)
+            resume = fit(run_dir, "--ckpt_path", "last")
+            done = subprocess.run(resume, cwd=ROOT, env=ENV, capture_output=True, text=True)
             assert done.returncode == 0, done.stderr[-2000:]
         assert rows(run_dir) == reference
