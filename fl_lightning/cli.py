@@ -29,7 +29,7 @@ from fl_lightning.data import FederatedDataModule
 from fl_lightning.federation import Federation
 from fl_lightning.module import FedAvg
 from fl_lightning.progress import RoundProgressBar, quiet_lightning
-from fl_lightning.rundir import RunDirPlan, check_run_dir, move_aside
+from fl_lightning.rundir import RunDirPlan, check_run_dir, flatten, move_aside
 
 quiet_lightning()
 
@@ -106,15 +106,12 @@ class AtomicLastCheckpoint(ModelCheckpoint):
         self._last_checkpoint_saved = filepath
 
 
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in d.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{name}/"))
-        else:
-            out[name] = value if isinstance(value, (int, float, str, bool)) or value is None else str(value)
-    return out
+def _flatten(d: dict[str, Any]) -> dict[str, Any]:
+    """The config as loggers take hyper-parameters: ``group/key`` names, scalar values (others as text)."""
+    return {
+        key.replace(".", "/"): value if isinstance(value, (int, float, str, bool)) or value is None else str(value)
+        for key, value in flatten(d).items()
+    }
 
 
 class _Resolved(Exception):  # noqa: N818  (a control-flow signal, not an error)
