@@ -472,11 +472,6 @@ def test_select_by_class_name_on_the_command_line():
 
 # ---- end to end (the Federation callback's hook plumbing) ----------------------------------------------------------
 
-needs_plumbing = pytest.mark.skipif(
-    not hasattr(FedAvg, "server_update"),
-    reason="needs the Federation callback's hook plumbing (uploads, server_update, server state), not merged yet",
-)
-
 
 def _global_after_one_round(tmp_path, method, model_kwargs=None):
     _, _, model = tiny_run(
@@ -489,7 +484,6 @@ def _global_after_one_round(tmp_path, method, model_kwargs=None):
     return {k: v.clone() for k, v in model.net.state_dict().items()}
 
 
-@needs_plumbing
 @pytest.mark.parametrize("method", [SCAFFOLD, FedNova])
 def test_zero_controls_and_equal_steps_reproduce_fedavg(tmp_path, method):
     """SCAFFOLD's first round (zero controls) and FedNova with equal steps and no momentum are FedAvg's round."""
@@ -499,7 +493,6 @@ def test_zero_controls_and_equal_steps_reproduce_fedavg(tmp_path, method):
         torch.testing.assert_close(other[key], fedavg[key], rtol=1e-5, atol=1e-6)
 
 
-@needs_plumbing
 def test_feddyn_small_alpha_round_is_fedavg_clients_plus_the_drift(tmp_path):
     """As α → 0 the clients train as FedAvg's; the server adds (1/N)·Σ_{k∈S}(w_k − w_g) to the average."""
     seen = {}
@@ -531,7 +524,6 @@ def _metrics(fed):
     return [(row["global_acc"], row["global_loss"], row["train_loss"]) for row in fed.recorder.history]
 
 
-@needs_plumbing
 @pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")
 @pytest.mark.parametrize("name", sorted(METHODS))
 def test_interrupted_run_resumes_identically(tmp_path, name):
