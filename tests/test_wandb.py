@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 
 import pytest
 
@@ -71,8 +72,26 @@ def test_wandb_offline_run(tmp_path, monkeypatch):
     wandb.finish()  # flush the run's records, as a finished process does
     run_dirs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(run_dirs) == 1
+    for _ in range(20):  # W&B's service may still be writing the file after finish() on a busy machine
+        history, config, summary, tags = _read_run(run_dirs[0])
+        if any("global/acc" in h for h in history):
+            break
+        time.sleep(0.5)
+    rows = [h for h in history if "global/acc" in h]
+    # one point per round; Lightning's WandbLogger records the step we pass (the round) as trainer/global_step
+    assert [int(h["trainer/global_step"]) for h in rows] == [1, 2, 3]
+    metrics = (tmp_path / "metrics.csv").read_text().splitlines()
+    assert float(metrics[-1].split(",")[1]) == pytest.approx(rows[-1]["global/acc"])
+    assert any(key.startswith("federation/rounds") for key in config)
+    assert "final_acc" in summary and "status" in summary
+    assert set(tags) >= {"fedavg", "seed0"}
+    images = list(run_dirs[0].glob("files/media/images/plots/*.png"))
+    assert len(images) == 2
+
+
+def _read_run(run_dir):
     history, config, summary, tags = [], {}, {}, []
-    for record in _records(next(run_dirs[0].glob("run-*.wandb"))):
+    for record in _records(next(run_dir.glob("run-*.wandb"))):
         kind = record.WhichOneof("record_type")
         if kind == "history":
             history.append(
@@ -84,13 +103,4 @@ def test_wandb_offline_run(tmp_path, monkeypatch):
             summary.update({item.key or "/".join(item.nested_key): item.value_json for item in record.summary.update})
         elif kind == "run":
             tags = list(record.run.tags)
-    rows = [h for h in history if "global/acc" in h]
-    # one point per round; Lightning's WandbLogger records the step we pass (the round) as trainer/global_step
-    assert [int(h["trainer/global_step"]) for h in rows] == [1, 2, 3]
-    metrics = (tmp_path / "metrics.csv").read_text().splitlines()
-    assert float(metrics[-1].split(",")[1]) == pytest.approx(rows[-1]["global/acc"])
-    assert any(key.startswith("federation/rounds") for key in config)
-    assert "final_acc" in summary and "status" in summary
-    assert set(tags) >= {"fedavg", "seed0"}
-    images = list(run_dirs[0].glob("files/media/images/plots/*.png"))
-    assert len(images) == 2
+    return history, config, summary, tags
