@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 import traceback
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from typing_extensions import override
 from fl_lightning import methods  # noqa: F401  (registers the methods so that `--model FedNTD` resolves)
 from fl_lightning.data import FederatedDataModule
 from fl_lightning.federation import Federation
+from fl_lightning.files import temporary_name, write_text_atomic
 from fl_lightning.module import FedAvg
 from fl_lightning.progress import RoundProgressBar, quiet_lightning
 from fl_lightning.rundir import RunDirPlan, check_run_dir, flatten, move_aside
@@ -58,26 +58,11 @@ class RunConfigSaver(SaveConfigCallback):
             config = self.config.clone()
             config["ckpt_path"] = None  # the file describes the experiment; `--config` of it starts, not resumes
             text = self.parser.dump(config, skip_none=False)
-            atomic_write_text(Path(run_dir) / self.config_filename, text)
+            write_text_atomic(Path(run_dir) / self.config_filename, text)
             config = self.config.clone().as_dict() if hasattr(self.config, "as_dict") else dict(self.config)
             for logger in trainer.loggers:
                 logger.log_hyperparams(_flatten(config))
         self.already_saved = True
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write a text file so that readers see the old or the new content, never a part (temp file + rename)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 class AtomicLastCheckpoint(ModelCheckpoint):
@@ -98,8 +83,8 @@ class AtomicLastCheckpoint(ModelCheckpoint):
 
     @override
     def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
-        tmp = f"{filepath}.tmp"
-        super()._save_checkpoint(trainer, tmp)
+        tmp = temporary_name(Path(filepath))
+        super()._save_checkpoint(trainer, str(tmp))
         if trainer.is_global_zero:
             os.replace(tmp, filepath)
         trainer.strategy.barrier()

@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from fl_lightning.files import atomic_path
+
 
 def _pyplot() -> Any:
     import matplotlib
@@ -20,15 +22,14 @@ def _pyplot() -> Any:
 
 def save_figure(fig: Any, path: str | Path, dpi: int = 100) -> Path:
     """Write ``fig`` to ``path`` whole or not at all (temp file + rename), and close it."""
-    import os
-
     import matplotlib.pyplot as plt
 
     path = Path(path)
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
-    fig.savefig(tmp, dpi=dpi)
-    os.replace(tmp, path)
-    plt.close(fig)
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=dpi)
+    finally:
+        plt.close(fig)
     return path
 
 

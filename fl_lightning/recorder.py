@@ -24,6 +24,7 @@ import numpy as np
 from lightning.pytorch.callbacks.progress import TQDMProgressBar
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
+from fl_lightning.files import remove_temporaries, write_text_atomic
 from fl_lightning.metrics import forgetting
 
 #: Final statuses a run can end with; ``running`` is written while it trains.
@@ -41,16 +42,6 @@ _LOGGER_KEYS = {
     "local_acc_mean": "local/acc_mean",
     "local_forgetting_degree": "local/forgetting_degree",
 }
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` so that a reader (or a kill) never sees a half-written file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", newline="") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 class RunRecorder:
@@ -100,6 +91,8 @@ class RunRecorder:
         self.started = True
         if trainer.is_global_zero:
             self.run_dir.mkdir(parents=True, exist_ok=True)
+            for folder in (self.run_dir, self.run_dir / "checkpoints", self.run_dir / "client_state"):
+                remove_temporaries(folder)  # what a killed earlier attempt left
             self._write_summary()
 
     def record_round(self, trainer: L.Trainer, measured: Mapping[str, Any], class_acc: np.ndarray) -> dict[str, float]:
@@ -208,7 +201,7 @@ class RunRecorder:
         for i, row in enumerate(counts):
             writer.writerow([i, int(row.sum()), *[int(v) for v in row]])
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        write_atomic(self.run_dir / "partition.csv", buf.getvalue())
+        write_text_atomic(self.run_dir / "partition.csv", buf.getvalue())
         if self.plots:
             from fl_lightning.plots import plot_partition
 
@@ -226,10 +219,10 @@ class RunRecorder:
         writer = csv.DictWriter(buf, fieldnames=fields)
         writer.writeheader()
         writer.writerows(self.history)
-        write_atomic(self.run_dir / "metrics.csv", buf.getvalue())
+        write_text_atomic(self.run_dir / "metrics.csv", buf.getvalue())
 
     def _write_summary(self) -> None:
-        write_atomic(self.run_dir / "summary.json", json.dumps(self.summary(), indent=2))
+        write_text_atomic(self.run_dir / "summary.json", json.dumps(self.summary(), indent=2))
 
     def _log(self, trainer: L.Trainer, row: Mapping[str, float]) -> None:
         if not trainer.loggers:

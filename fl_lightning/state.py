@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,7 @@ import torch
 from torch import Tensor
 
 from fl_lightning.distributed import to_device
+from fl_lightning.files import atomic_path
 
 
 def state_nbytes(tree: Any) -> int:
@@ -80,9 +80,8 @@ class ClientStateStore:
             return
         assert self.spill_dir is not None
         self.spill_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self._path(client).with_suffix(".tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, self._path(client))
+        with atomic_path(self._path(client)) as tmp:
+            torch.save(state, tmp)
         self._on_disk.add(client)
 
     def items(self) -> Iterator[tuple[int, dict[str, Any]]]:
