@@ -173,7 +173,9 @@ class FedAvg(FederatedHooks, L.LightningModule):
 
     def __init__(
         self,
-        net: nn.Module | str = "lenet",
+        # str first: jsonargparse tries a union's types in order, and resolving a name as an nn.Module class walks
+        # every nn.Module subclass (about 2 s per command line with torchvision loaded).
+        net: str | nn.Module = "lenet",
         num_classes: int | None = None,
         in_channels: int | None = None,
         image_size: int | tuple[int, int] | None = None,
@@ -187,7 +189,7 @@ class FedAvg(FederatedHooks, L.LightningModule):
         if isinstance(net, str) and net not in MODELS:
             raise ValueError(
                 f"unknown model {net!r}; choose one of {', '.join(MODELS)}, or pass an nn.Module "
-                '(in YAML: {"class_path": "mypkg.MyNet"})'
+                '(in YAML: {"class_path": "mypkg.MyNet"}; on the command line: --model.net.class_path mypkg.MyNet)'
             )
         if not isinstance(net, nn.Module | str):
             raise TypeError(f"net must be an nn.Module or a built-in network's name, got {type(net).__name__}")
