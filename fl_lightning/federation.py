@@ -548,6 +548,8 @@ class Federation(Callback):
             degrees = [forgetting_degree(rnd.received_class_acc, local_class) for _, local_class in evals]
             measured["local_acc_mean"] = float(np.mean([a for a, _ in evals]))
             measured["local_forgetting_degree"] = float(np.mean(degrees))
+        if len(self.client_states):
+            self.recorder.client_state = self.client_states.usage()
         self.recorder.record_round(trainer, measured, class_acc)
         pl_module.log("global_acc", acc, prog_bar=True, logger=False)
         if not math.isfinite(loss):

@@ -65,6 +65,7 @@ class RunRecorder:
         self.status = "running"
         self.error: str | None = None
         self.diverged_round: int | None = None
+        self.client_state: dict[str, float] | None = None  # ClientStateStore.usage(), for methods that keep one
         self.started = False
 
     # ---- state ---------------------------------------------------------------------------------------------------
@@ -179,6 +180,8 @@ class RunRecorder:
         )
         if self.status == "running":
             out["pid"], out["hostname"] = os.getpid(), socket.gethostname()
+        if self.client_state:
+            out["client_state"] = self.client_state
         if self.diverged_round is not None:
             out["diverged_round"] = self.diverged_round
         if self.error:

@@ -58,6 +58,16 @@ class ClientStateStore:
         """Bytes of client state held in CPU memory."""
         return self._bytes
 
+    def usage(self) -> dict[str, float]:
+        """What the states cost: clients holding one, MB in CPU memory, clients spilled to disk.
+
+        >>> store = ClientStateStore()
+        >>> store.put(3, {"control": torch.zeros(2**18)})  # 1 MB of float32
+        >>> store.usage()
+        {'clients': 1, 'memory_mb': 1.0, 'on_disk': 0}
+        """
+        return {"clients": len(self), "memory_mb": round(self._bytes / 2**20, 3), "on_disk": len(self._on_disk)}
+
     def get(self, client: int) -> dict[str, Any]:
         """A copy-free view of the client's state (an empty dict for a client seen for the first time)."""
         if client in self._memory:

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import tiny_run
+from helpers import read_summary, tiny_run
 
 from fl_lightning import FedAvg
 from fl_lightning.context import ClientContext, ServerContext
@@ -57,6 +57,13 @@ def test_uploads_server_state_and_client_state(tmp_path, client_state_mb) -> Non
     visits = {c: sum(c in fed.plan(r).clients for r in range(rounds)) for c in range(5)}
     stored = {c: int(state["visits"]) for c, state in fed.client_states.items()}
     assert stored == {c: n for c, n in visits.items() if n}
+    usage = read_summary(tmp_path)["client_state"]  # one int64 counter (8 bytes) per client that trained
+    in_memory = 0 if client_state_mb == 0.0 else len(stored)
+    assert usage == {
+        "clients": len(stored),
+        "memory_mb": round(8 * in_memory / 2**20, 3),
+        "on_disk": len(stored) - in_memory,
+    }
     if client_state_mb == 0.0:
         assert fed.client_states.memory_bytes == 0
         assert sorted(p.name for p in (tmp_path / "client_state").iterdir()) == sorted(f"client_{c}.pt" for c in stored)
