@@ -9,6 +9,7 @@ reduced over the round's clients and handed to ``server_update``. State that out
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,8 +82,8 @@ class ClientContext:
         state: this client's persistent state, kept by the server between rounds and in checkpoints; its tensors
             are on the device during the update and stored on the CPU (or disk) between rounds.
         global_weights: the state dict the client started from (on the device; do not modify).
-        x: the client's raw training inputs (on the CPU).
-        y: their labels.
+        read_data: returns the client's raw training inputs and labels (on the CPU); read through :attr:`x` and
+            :attr:`y`, which call it once, on first use, so a streamed client is read only by methods that look.
         transform: see :class:`ServerContext`.
         device: the training device.
         generator: a CPU generator seeded by (seed, round, client) for the client's own random choices.
@@ -98,11 +99,24 @@ class ClientContext:
     server: dict[str, Any]
     state: dict[str, Any]
     global_weights: dict[str, Tensor]
-    x: Tensor
-    y: Tensor
+    read_data: Callable[[], tuple[Tensor, Tensor]] = field(repr=False)
     transform: Callable[[Tensor, bool], Tensor]
     device: torch.device
     generator: torch.Generator = field(default_factory=torch.Generator)
+
+    @functools.cached_property
+    def _data(self) -> tuple[Tensor, Tensor]:
+        return self.read_data()
+
+    @property
+    def x(self) -> Tensor:
+        """The client's raw training inputs (as stored, e.g. uint8; on the CPU)."""
+        return self._data[0]
+
+    @property
+    def y(self) -> Tensor:
+        """Their labels."""
+        return self._data[1]
 
     def batches(self, batch_size: int = 1024) -> Iterator[tuple[Tensor, Tensor]]:
         """The client's own data, normalised and not augmented, as batches on the training device."""

@@ -8,6 +8,7 @@ round measures goes to a :class:`~fl_lightning.recorder.RunRecorder`, which owns
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -399,11 +400,10 @@ class Federation(Callback):
             opt.state.clear()
         # Seeded per client, so a client's random draws do not depend on which clients ran before it (or where).
         torch.manual_seed(_round_seed(self.seed, rnd.plan.round, client, 1))
-        x, y = self.dm.client_data(client)
         ctx = ClientContext(
             round=rnd.plan.round,
             client=client,
-            num_samples=len(y),
+            num_samples=len(self.dm.client_indices[client]),
             class_counts=torch.as_tensor(self.dm.client_class_counts[client]),
             steps=rnd.plan.steps[slot],
             lr=trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else 0.0,
@@ -411,8 +411,7 @@ class Federation(Callback):
             server=rnd.payload,
             state=to_device(self.client_states.get(client), pl_module.device),
             global_weights=rnd.global_weights,
-            x=x,
-            y=y,
+            read_data=functools.partial(self.dm.client_data, client),
             transform=self._transform,
             device=pl_module.device,
             generator=torch.Generator().manual_seed(_round_seed(self.seed, rnd.plan.round, client, 2)),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+
 import lightning as L
 import numpy as np
 import pytest
@@ -138,6 +140,8 @@ def test_streaming_reads_only_the_sampled_clients(tmp_path):
     members = set(torch.cat([dm.client_indices[c] for c in sampled]).tolist())
     assert set(train.reads) == members  # every item of the two sampled clients, and nothing else
     assert len(members) < len(y) / 4
+    counts = collections.Counter(train.reads)
+    assert set(counts.values()) == {2}  # once per local epoch: FedAvg never asks for the client's data as a whole
 
 
 def test_flat_round_batches_and_test_batches():
