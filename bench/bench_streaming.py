@@ -78,27 +78,22 @@ def run(dm: FederatedDataModule, rounds: int, root: str) -> tuple[list[float], d
 
 
 def data_seconds(dm: FederatedDataModule, fed: Federation, repeats: int = 3) -> float:
-    """Seconds to read one round's data without training: the sampled clients' local batches (all epochs), each
-    client's full data (what the Federation hands to ``on_client_start``) and the test set (best of ``repeats``)."""
+    """Seconds to read one round's data without training: the sampled clients' local batches (all epochs) and the
+    test set (best of ``repeats``). A client's whole data (``ClientContext.x``) is read only by methods that use it."""
     fed.dm = dm
     plan = fed.plan(0)
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
-        for client, batches in zip(
-            plan.clients,
-            RoundBatches(
-                dm.train_x if dm.train_x is not None else dm._train_reader,
-                dm.train_y,
-                dm.client_indices,
-                plan,
-                dm.batch_size,
-                dm.drop_last,
-                dm.seed,
-            ),
-            strict=True,
+        for batches in RoundBatches(
+            dm.train_x if dm.train_x is not None else dm._train_reader,
+            dm.train_y,
+            dm.client_indices,
+            plan,
+            dm.batch_size,
+            dm.drop_last,
+            dm.seed,
         ):
-            dm.client_data(client)
             for _ in batches:
                 pass
         for _ in dm.test_batches():
