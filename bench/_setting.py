@@ -2,7 +2,25 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+
 from fl_lightning import FederatedDataModule
+
+
+def bare_trainer(root: str | Path, *callbacks: L.Callback, **overrides: Any) -> L.Trainer:
+    """A CPU Trainer for a measurement: no logger, checkpoint, progress bar or model summary."""
+    kwargs: dict[str, Any] = {
+        "accelerator": "cpu",
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "default_root_dir": str(root),
+    }
+    return L.Trainer(callbacks=list(callbacks), **{**kwargs, **overrides})
 
 
 def fmnist_ntd_datamodule(partition: str = "shard") -> FederatedDataModule:

@@ -20,6 +20,7 @@ from pathlib import Path
 import lightning as L
 import torch
 import torch.nn.functional as F
+from _setting import bare_trainer  # bench/ is on sys.path when run as a script
 
 from fl_lightning import FedAvg, FederatedDataModule, Federation
 from fl_lightning.aggregation import StateAccumulator, aggregation_weights
@@ -57,17 +58,7 @@ def run_project(dataset: str, rounds: int, seed: int) -> list[float]:
         plots=False,
     )
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = L.Trainer(
-            accelerator="cpu",
-            max_epochs=rounds + 1,
-            callbacks=[fed],
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            default_root_dir=tmp,
-        )
-        trainer.fit(model, datamodule=dm)
+        bare_trainer(tmp, fed, max_epochs=rounds + 1).fit(model, datamodule=dm)
     return [row["round_seconds"] for row in fed.recorder.history[1:]]
 
 

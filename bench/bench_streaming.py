@@ -20,9 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import lightning as L
 import numpy as np
 import torch
+from _setting import bare_trainer  # bench/ is on sys.path when run as a script
 from torch.utils.data import Dataset
 
 from fl_lightning import FedAvg, FederatedDataModule, Federation
@@ -64,16 +64,7 @@ def run(dm: FederatedDataModule, rounds: int, root: str) -> tuple[list[float], d
     torch.manual_seed(0)
     model = FedAvg(net="lenet", num_classes=10, in_channels=1, image_size=28, lr=0.01, weight_decay=1e-5)
     fed = Federation(rounds=rounds, sample_ratio=0.1, local_epochs=5, lr_decay=0.99, plots=False)
-    trainer = L.Trainer(
-        accelerator="cpu",
-        callbacks=[fed],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=root,
-    )
-    trainer.fit(model, datamodule=dm)
+    bare_trainer(root, fed).fit(model, datamodule=dm)
     return [row["round_seconds"] for row in fed.history], model.state_dict()
 
 

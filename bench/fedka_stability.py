@@ -30,7 +30,7 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
-from _setting import fmnist_ntd_datamodule  # bench/ is on sys.path when run as a script
+from _setting import bare_trainer, fmnist_ntd_datamodule  # bench/ is on sys.path when run as a script
 from torch import Tensor
 from torch.func import functional_call, jacrev
 
@@ -192,17 +192,9 @@ def main() -> None:
     model = FedKAProbe(net="lenet", lr=args.lr, momentum=0.9, weight_decay=1e-5, beta=args.beta, mu=10)
     fed = Federation(rounds=args.rounds, sample_ratio=0.1, local_epochs=5, lr_decay=0.99, plots=False)
     out = Path(args.out)
-    trainer = L.Trainer(
-        accelerator="cpu",
-        max_epochs=args.rounds,
-        callbacks=[fed],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=str(out),
-    )
-    trainer.fit(model, datamodule=dm)  # a diverged run stops itself (status "diverged")
+    bare_trainer(out, fed, max_epochs=args.rounds).fit(
+        model, datamodule=dm
+    )  # a diverged run stops itself (status "diverged")
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "steps.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(model.rows[0]))

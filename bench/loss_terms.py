@@ -17,7 +17,7 @@ import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
-from _setting import fmnist_ntd_datamodule  # bench/ is on sys.path when run as a script
+from _setting import bare_trainer, fmnist_ntd_datamodule  # bench/ is on sys.path when run as a script
 
 from fl_lightning import FedAvg, Federation
 from fl_lightning import losses as Lf
@@ -40,15 +40,7 @@ def main() -> None:
         model.load_state_dict(torch.load(args.ckpt, map_location="cpu", weights_only=False)["state_dict"])
     else:
         fed = Federation(rounds=args.rounds, sample_ratio=0.1, local_epochs=5, lr_decay=0.99, plots=False)
-        L.Trainer(
-            accelerator="cpu",
-            callbacks=[fed],
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            default_root_dir="/tmp/loss_terms",
-        ).fit(model, datamodule=dm)
+        bare_trainer("/tmp/loss_terms", fed).fit(model, datamodule=dm)
     net_g = model.net.eval()
     t = dm.transform
     assert t is not None

@@ -12,6 +12,19 @@ import lightning as L
 from fl_lightning import FedAvg, FederatedDataModule, Federation
 
 
+def bare_trainer(root: str | Path, *callbacks: L.Callback, **overrides: Any) -> L.Trainer:
+    """A CPU Trainer for a federation in a test: no logger, checkpoint, progress bar or model summary."""
+    kwargs: dict[str, Any] = {
+        "accelerator": "cpu",
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "default_root_dir": str(root),
+    }
+    return L.Trainer(callbacks=list(callbacks), **{**kwargs, **overrides})
+
+
 def tiny_run(
     tmp_path: Path,
     method: type[FedAvg] = FedAvg,
@@ -36,15 +49,9 @@ def tiny_run(
         **(model_kwargs or {}),
     )
     fed = Federation(rounds=rounds, **{"local_epochs": 1, **(fed_kwargs or {})})
-    trainer = L.Trainer(
-        accelerator="cpu",
-        max_epochs=rounds,
-        callbacks=[fed, L.pytorch.callbacks.ModelCheckpoint(save_last="link", save_top_k=1), *(callbacks or [])],
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=str(tmp_path),
-        precision=precision,
+    checkpoint = L.pytorch.callbacks.ModelCheckpoint(save_last="link", save_top_k=1)
+    trainer = bare_trainer(
+        tmp_path, fed, checkpoint, *(callbacks or []), max_epochs=rounds, enable_checkpointing=True, precision=precision
     )
     trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
     return trainer, fed, model

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import collections
 
-import lightning as L
 import numpy as np
 import pytest
 import torch
-from helpers import read_summary
+from helpers import bare_trainer, read_summary
 from PIL import Image
 from torch import nn
 from torch.utils.data import Dataset
@@ -37,18 +36,6 @@ class CountingDataset(Dataset):
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         self.reads.append(int(i))
         return self.x[i], int(self.y[i])
-
-
-def _trainer(tmp_path, fed: Federation) -> L.Trainer:
-    return L.Trainer(
-        accelerator="cpu",
-        callbacks=[fed],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=str(tmp_path),
-    )
 
 
 def _transformed_train(dm: FederatedDataModule) -> torch.Tensor:
@@ -98,7 +85,7 @@ def test_non_square_images_federate_with_a_built_in_net(tmp_path):
     assert dm.image_size == (12, 20) and dm.in_channels == 3
     model = FedAvg(net="cnn", lr=0.05)  # shapes taken from the datamodule at fit start
     fed = Federation(rounds=3, local_epochs=2, plots=False)
-    _trainer(tmp_path, fed).fit(model, datamodule=dm)
+    bare_trainer(tmp_path, fed).fit(model, datamodule=dm)
     assert model.hparams.image_size == (12, 20) and model.num_classes == 3
     assert fed.history[-1]["global_acc"] > 0.6
 
@@ -107,7 +94,7 @@ def _global_weights(tmp_path, dm: FederatedDataModule, rounds: int = 2, ratio: f
     torch.manual_seed(0)
     net = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
     model = FedAvg(net=net, lr=0.05)
-    _trainer(tmp_path, Federation(rounds=rounds, sample_ratio=ratio, local_epochs=2, plots=False)).fit(
+    bare_trainer(tmp_path, Federation(rounds=rounds, sample_ratio=ratio, local_epochs=2, plots=False)).fit(
         model, datamodule=dm
     )
     return model.state_dict()
@@ -135,7 +122,7 @@ def test_streaming_reads_only_the_sampled_clients(tmp_path):
     dm.setup("fit")
     train.reads.clear()
     fed = Federation(rounds=1, sample_ratio=0.2, local_epochs=2, plots=False)
-    _trainer(tmp_path, fed).fit(FedAvg(net="lenet", lr=0.05), datamodule=dm)
+    bare_trainer(tmp_path, fed).fit(FedAvg(net="lenet", lr=0.05), datamodule=dm)
     sampled = fed.plan(0).clients
     members = set(torch.cat([dm.client_indices[c] for c in sampled]).tolist())
     assert set(train.reads) == members  # every item of the two sampled clients, and nothing else

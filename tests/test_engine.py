@@ -8,7 +8,7 @@ import signal
 import lightning as L
 import pytest
 import torch
-from helpers import read_metrics, read_summary, tiny_run
+from helpers import bare_trainer, read_metrics, read_summary, tiny_run
 
 from fl_lightning import FedAvg, FederatedDataModule, Federation
 from fl_lightning.aggregation import StateAccumulator, aggregation_weights, weighted_average
@@ -70,17 +70,7 @@ def test_round_is_average_of_clients(tmp_path):
     dm = FederatedDataModule("digits", num_clients=3, partition="iid", batch_size=64)
     model = FedAvg(net="lenet", num_classes=10, in_channels=1, image_size=8, lr=0.05)
     fed = Federation(rounds=1)
-    trainer = L.Trainer(
-        accelerator="cpu",
-        callbacks=[Spy(fed), fed],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=str(tmp_path),
-        max_epochs=1,
-    )
-    trainer.fit(model, datamodule=dm)
+    bare_trainer(tmp_path, Spy(fed), fed, max_epochs=1).fit(model, datamodule=dm)
     expected = weighted_average([local[c] for c in range(3)], aggregation_weights(dm.client_sizes))
     for name, value in model.state_dict().items():
         torch.testing.assert_close(value, expected[name].to(value.dtype))

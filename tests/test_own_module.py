@@ -6,6 +6,7 @@ import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import bare_trainer
 
 from fl_lightning import FedAvg, FederatedDataModule, Federation
 from fl_lightning.losses import ntd_loss
@@ -45,16 +46,7 @@ class PlainNTD(TeacherMixin, PlainClassifier):
 def _fit(tmp_path, model: L.LightningModule, rounds: int = 2) -> Federation:
     dm = FederatedDataModule("digits", num_clients=4, partition="dirichlet", alpha=1.0, batch_size=32)
     fed = Federation(rounds=rounds, local_epochs=1, plots=False)
-    trainer = L.Trainer(
-        accelerator="cpu",
-        callbacks=[fed],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=str(tmp_path),
-    )
-    trainer.fit(model, datamodule=dm)
+    bare_trainer(tmp_path, fed).fit(model, datamodule=dm)
     return fed
 
 
