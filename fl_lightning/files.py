@@ -1,8 +1,8 @@
 """Whole-or-nothing file writes: a reader, or a process killed at any point, sees the old file or the new one.
 
 Every file a run writes (metrics.csv, summary.json, partition.csv, config.yaml, plots, spilled client states, the
-checkpoint) goes through :func:`atomic_path`: it is written under a temporary name next to its target and renamed
-over it. A SIGKILL can leave such a temporary behind (never a cut target); the next run in that directory removes it
+checkpoint) is written under :func:`temporary_name` next to its target and renamed over it (:func:`atomic_path` does
+both). A SIGKILL can leave such a temporary behind (never a cut target); the next run in that directory removes it
 with :func:`remove_temporaries`.
 """
 
