@@ -86,6 +86,10 @@ class Federation(Callback):
             report their mean accuracy AccL (FedSSD §3.1) and FedKA's class-wise forgetting degree (§3.1).
         client_state_mb: CPU memory for per-client method state (SCAFFOLD's controls, MOON's previous models, ...)
             before further clients' states are kept on disk under ``<run dir>/client_state`` (``None``: no limit).
+        collapse_rounds: stop a run as ``diverged`` once its global model has been right on at most one class (it
+            predicts one class for everything: chance accuracy, the papers' "Failed") in this many evaluated rounds
+            in a row; the divergence round is the first of them (``None``: never). Healthy runs in ``results/`` spend
+            at most 2 rounds in a row so, all in their first rounds.
     """
 
     def __init__(
@@ -102,6 +106,7 @@ class Federation(Callback):
         plots: bool = True,
         eval_local: bool = False,
         client_state_mb: float | None = None,
+        collapse_rounds: int | None = 10,
     ) -> None:
         if rounds < 1:
             raise ValueError(f"rounds must be at least 1, got {rounds}")
@@ -119,6 +124,8 @@ class Federation(Callback):
             raise ValueError(f"need server_lr > 0 and server_momentum in [0, 1), got {server_lr}, {server_momentum}")
         if client_state_mb is not None and client_state_mb < 0:
             raise ValueError(f"client_state_mb must be >= 0 (or None for no limit), got {client_state_mb}")
+        if collapse_rounds is not None and collapse_rounds < 1:
+            raise ValueError(f"collapse_rounds must be at least 1 (or None to never stop), got {collapse_rounds}")
         self.rounds = rounds
         self.sample_ratio = sample_ratio
         self.local_epochs = local_epochs
@@ -131,6 +138,7 @@ class Federation(Callback):
         self.plots = plots
         self.eval_local = eval_local
         self.client_state_mb = client_state_mb
+        self.collapse_rounds = collapse_rounds
 
         # persistent state (checkpointed)
         self.server_state: dict[str, Any] = {}
@@ -553,6 +561,13 @@ class Federation(Callback):
         pl_module.log("global_acc", acc, prog_bar=True, logger=False)
         if not math.isfinite(loss):
             self._stop_diverged(trainer, rnd.plan.round + 1, "the global model's test loss is not finite")
+        elif (since := self.recorder.collapsed_since(self.collapse_rounds)) is not None:
+            self._stop_diverged(
+                trainer,
+                since,
+                f"the global model has been right on at most one class (accuracy {acc:.2%}) "
+                f"in {self.collapse_rounds} evaluated rounds in a row",
+            )
 
     def _stop_diverged(self, trainer: L.Trainer, round_number: int, reason: str) -> None:
         assert self.recorder is not None

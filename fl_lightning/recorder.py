@@ -158,6 +158,21 @@ class RunRecorder:
         elif status == "failed":
             rank_zero_warn(f"run failed: {error} (results so far in {self.run_dir})")
 
+    def collapsed_since(self, patience: int | None) -> int | None:
+        """The first round of a collapse that spans the last ``patience`` evaluated rounds (else None).
+
+        Collapsed: the global model is right on at most one class (it predicts one class for everything).
+        """
+        if not patience or len(self.class_acc_history) < patience:
+            return None
+        one_class = [int((np.asarray(c) > 0).sum()) <= 1 for c in self.class_acc_history]
+        if not all(one_class[-patience:]):
+            return None
+        first = len(one_class) - patience
+        while first > 0 and one_class[first - 1]:
+            first -= 1
+        return int(self.history[first]["round"])
+
     def summary(self) -> dict[str, Any]:
         """The run's results in one flat dict (``summary.json``)."""
         accs = [row["global_acc"] for row in self.history]

@@ -116,7 +116,9 @@ def summarize(runs: Sequence[RunRef], baseline: str) -> list[dict[str, Any]]:
 
 
 def _divergence_round(run: dict[str, Any]) -> int:
-    """The round a diverged run failed in: its first non-finite accuracy, else the round after its last row."""
+    """The round a diverged run failed in: its summary's, else its first non-finite accuracy, else the next round."""
+    if run["summary"].get("diverged_round") is not None:
+        return int(run["summary"]["diverged_round"])
     for x in run["rows"]:
         if not math.isfinite(x["global_acc"]):
             return int(x["round"])

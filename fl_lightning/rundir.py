@@ -25,6 +25,8 @@ FREE_KEYS: tuple[str, ...] = (
     "data.download",
     "data.eval_batch_size",
     "federation.plots",
+    "federation.client_state_mb",  # where client states live, not what they are
+    "federation.collapse_rounds",  # when a collapsed run stops; never a round's numbers
 )
 #: Trainer settings that change the numbers a run produces.
 TRAINER_SCIENCE_KEYS: tuple[str, ...] = (

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import signal
+from pathlib import Path
 
 import lightning as L
 import pytest
@@ -168,6 +169,40 @@ def test_divergence_stops_with_status(tmp_path):
     # the model keeps the last finite global weights
     assert all(torch.isfinite(v).all() for v in model.state_dict().values())
     assert not math.isnan(summary["best_acc"])
+
+
+class _Collapsing(FedAvg):
+    """From round 3 on the server zeroes the global model: equal logits, one predicted class, chance accuracy."""
+
+    def server_update(self, server, average, uploads):
+        if server.round >= 2:
+            return {k: torch.zeros_like(v) if v.is_floating_point() else v for k, v in average.items()}
+        return average
+
+
+def test_collapse_to_one_class_stops_as_diverged(tmp_path):
+    kwargs = {"method": _Collapsing, "rounds": 8}
+    trainer, fed, _ = tiny_run(tmp_path, **kwargs, fed_kwargs={"local_epochs": 3, "collapse_rounds": 3})
+    summary = read_summary(tmp_path)
+    assert summary["status"] == "diverged"
+    assert summary["diverged_round"] == 3  # the first collapsed round
+    assert len(read_metrics(tmp_path)) == 5  # rounds 3, 4 and 5 collapsed, then it stopped
+    assert fed.history[1]["global_acc"] > 0.4 and fed.history[-1]["global_acc"] < 0.2  # learning, then collapsed
+    # the same federation with the check off runs to the end
+    _, fed_off, _ = tiny_run(tmp_path / "off", **kwargs, fed_kwargs={"local_epochs": 3, "collapse_rounds": None})
+    assert fed_off.status == "completed" and len(fed_off.history) == 8
+
+
+def test_collapsed_since_counts_evaluated_rounds():
+    from fl_lightning.recorder import RunRecorder
+
+    rec = RunRecorder(Path("unused"), {}, plots=False, total_rounds=10)
+    healthy, one_class = [0.5, 0.4, 0.3], [1.0, 0.0, 0.0]
+    for rnd, accs in enumerate([one_class, healthy, one_class, one_class, one_class], start=1):
+        rec.history.append({"round": rnd})
+        rec.class_acc_history.append(accs)
+    assert rec.collapsed_since(3) == 3
+    assert rec.collapsed_since(4) is None and rec.collapsed_since(None) is None
 
 
 class TestBadInput:

@@ -177,9 +177,9 @@ class TestPureChecks:
             "trainer": {"logger": False, "default_root_dir": "a", "precision": "32-true"},
             "federation": {"rounds": 2},
         }
-        new = {
+        new = {  # storage and the collapse stop are free too: configs older than them resume and are reused
             "trainer": {"logger": True, "default_root_dir": "b", "precision": "32-true"},
-            "federation": {"rounds": 5},
+            "federation": {"rounds": 5, "client_state_mb": 100.0, "collapse_rounds": 10},
         }
         assert science_diff(saved, new) == []
         assert science_diff(saved, new, allow_growth=False) == ["federation.rounds: 2 -> 5"]
