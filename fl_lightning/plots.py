@@ -119,6 +119,15 @@ def plot_curve(
     return save_figure(fig, path)
 
 
+def series_style(i: int) -> dict[str, str]:
+    """Colour and line style of the ``i``-th method on a shared axis: ten colours, then the same with other dashes.
+
+    >>> series_style(0), series_style(11)
+    ({'color': 'C0', 'ls': '-'}, {'color': 'C1', 'ls': '--'})
+    """
+    return {"color": f"C{i % 10}", "ls": ("-", "--", ":", "-.")[(i // 10) % 4]}
+
+
 def mark_divergence(ax: Any, round_idx: int, color: str = "red", label: str = "diverged") -> None:
     """A dashed vertical line at the round a run diverged in, labelled at the top of the axis."""
     ax.axvline(round_idx, color=color, ls="--", lw=1)

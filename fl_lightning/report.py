@@ -14,7 +14,14 @@ from typing import Any
 import numpy as np
 
 from fl_lightning.metrics import rounds_to_target
-from fl_lightning.plots import _pyplot, integer_round_axis, mark_divergence, moving_average, save_figure
+from fl_lightning.plots import (
+    _pyplot,
+    integer_round_axis,
+    mark_divergence,
+    moving_average,
+    save_figure,
+    series_style,
+)
 from fl_lightning.rundir import run_status
 
 RunRef = tuple[str, str, int, Path]  # setting, method, seed, run directory
@@ -211,14 +218,15 @@ def plot_curves(runs: Sequence[RunRef], setting: str, path: Path, smooth: int = 
         rounds = sorted(set.intersection(*(set(c) for c in curves)))
         if not rounds:
             continue
-        color = f"C{i % 10}"
+        style = series_style(i)
+        color = style["color"]
         acc = np.array([[c[r] for r in rounds] for c in curves])
         mean = acc.mean(0)
         if smooth > 1:
-            ax.plot(rounds, mean, color=color, lw=0.8, alpha=0.25)
-            ax.plot(rounds, moving_average(mean, smooth), label=method, color=color, lw=1.4)
+            ax.plot(rounds, mean, **style, lw=0.8, alpha=0.25)
+            ax.plot(rounds, moving_average(mean, smooth), label=method, **style, lw=1.4)
         else:
-            ax.plot(rounds, mean, label=method, color=color, lw=1.4)
+            ax.plot(rounds, mean, label=method, **style, lw=1.4)
         if len(curves) > 1:
             low, high = acc.min(0), acc.max(0)
             if smooth > 1:

@@ -91,6 +91,14 @@ def test_comparison_curves(tmp_path, figures):
     assert any("fedka diverged (round 3)" in t.get_text() for t in ax.texts)
 
 
+def test_many_methods_keep_distinct_lines(tmp_path, figures):
+    runs = [("s", f"m{i}", 0, _run(tmp_path / f"r{i}", [0.1, 0.2 + i / 100])) for i in range(13)]
+    plot_curves(runs, "s", tmp_path / "curves.png")
+    lines = [line for line in figures[0].axes[0].lines if not line.get_label().startswith("_")]
+    assert len(lines) == 13
+    assert len({(line.get_color(), line.get_linestyle()) for line in lines}) == 13  # tab10 alone repeats after 10
+
+
 def test_report_writes_smoothed_view(tmp_path):
     runs = [("s", "fedavg", 0, _run(tmp_path / "a", [0.1, 0.4, 0.5, 0.6]))]
     out = write_report("t", tmp_path, runs, "fedavg", smooth=3)
