@@ -305,7 +305,7 @@ def _log_report_to_wandb(spec: CompareSpec, report_dir: Path) -> None:
         tags=["report"],
     )
     run.log({"results": wandb.Table(columns=rows[0], data=rows[1:])})
-    for png in sorted(report_dir.glob("*.png")):
+    for png in sorted(report_dir.glob("[!.]*.png")):
         run.log({f"plots/{png.stem}": wandb.Image(str(png))})
     run.finish()
 

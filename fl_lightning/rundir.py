@@ -190,7 +190,7 @@ def run_status(summary: Mapping[str, Any] | None) -> str:
 def has_results(run_dir: Path) -> bool:
     """Whether a directory holds a run's results or checkpoints."""
     run_dir = Path(run_dir)
-    return any((run_dir / name).exists() for name in RESULT_FILES) or any((run_dir / "checkpoints").glob("*.ckpt"))
+    return any((run_dir / name).exists() for name in RESULT_FILES) or any((run_dir / "checkpoints").glob("[!.]*.ckpt"))
 
 
 def resolve_checkpoint(run_dir: Path, ckpt_path: str | os.PathLike[str]) -> Path | None:
