@@ -910,6 +910,12 @@ class FederatedDataModule(L.LightningDataModule):
         assert self._test is not None, "num_test needs setup() first"
         return len(self._test.y)
 
+    @property
+    def num_test_classes(self) -> int:
+        """Number of distinct labels in the test set."""
+        assert self._test is not None, "num_test_classes needs setup() first"
+        return len(torch.unique(self._test.y))
+
     def train_dataloader(self) -> RoundBatches:
         """The current round's local batches of all its clients, one after another."""
         if self.plan_fn is None:

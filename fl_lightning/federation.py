@@ -88,8 +88,8 @@ class Federation(Callback):
             before further clients' states are kept on disk under ``<run dir>/client_state`` (``None``: no limit).
         collapse_rounds: stop a run as ``diverged`` once its global model has been right on at most one class (it
             predicts one class for everything: chance accuracy, the papers' "Failed") in this many evaluated rounds
-            in a row; the divergence round is the first of them (``None``: never). Healthy runs in ``results/`` spend
-            at most 2 rounds in a row so, all in their first rounds.
+            in a row; the divergence round is the first of them (``None``: never; never for a one-class test set).
+            Healthy runs in ``results/`` spend at most 2 rounds in a row so, all in their first rounds.
     """
 
     def __init__(
@@ -561,13 +561,20 @@ class Federation(Callback):
         pl_module.log("global_acc", acc, prog_bar=True, logger=False)
         if not math.isfinite(loss):
             self._stop_diverged(trainer, rnd.plan.round + 1, "the global model's test loss is not finite")
-        elif (since := self.recorder.collapsed_since(self.collapse_rounds)) is not None:
+        elif (since := self._collapsed_since()) is not None:
             self._stop_diverged(
                 trainer,
                 since,
                 f"the global model has been right on at most one class (accuracy {acc:.2%}) "
                 f"in {self.collapse_rounds} evaluated rounds in a row",
             )
+
+    def _collapsed_since(self) -> int | None:
+        """The first round of a collapse to one class lasting ``collapse_rounds`` (with two or more test classes)."""
+        assert self.recorder is not None
+        if self.dm.num_test_classes < 2:
+            return None
+        return self.recorder.collapsed_since(self.collapse_rounds)
 
     def _stop_diverged(self, trainer: L.Trainer, round_number: int, reason: str) -> None:
         assert self.recorder is not None

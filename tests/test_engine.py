@@ -193,6 +193,19 @@ def test_collapse_to_one_class_stops_as_diverged(tmp_path):
     assert fed_off.status == "completed" and len(fed_off.history) == 8
 
 
+def test_a_one_class_test_set_is_never_a_collapse(tmp_path):
+    from fl_lightning.datasets import load_dataset
+
+    data = load_dataset("digits")
+    only_zeros = data.test_y == 0
+    dm = FederatedDataModule.from_tensors(
+        data.train_x, data.train_y, data.test_x[only_zeros], data.test_y[only_zeros], num_clients=3, batch_size=64
+    )
+    fed = Federation(rounds=5, collapse_rounds=2, plots=False)
+    bare_trainer(tmp_path, fed).fit(_Collapsing(net="lenet", lr=0.05), datamodule=dm)
+    assert fed.status == "completed" and len(fed.history) == 5
+
+
 def test_collapsed_since_counts_evaluated_rounds():
     from fl_lightning.recorder import RunRecorder
 
