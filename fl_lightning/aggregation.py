@@ -64,7 +64,6 @@ class StateAccumulator:
         self._first: dict[str, Tensor] = {}
         self._first_order: float = float("inf")
         self.count = 0
-        self.total_weight = 0.0
 
     def add(self, state: StateDict, weight: float, order: int | None = None) -> None:
         """Add ``weight · state`` (``order``: the client's position in the round, for the integer entries)."""
@@ -83,7 +82,6 @@ class StateAccumulator:
                 else:
                     self._sums[name].add_(value.detach().to(torch.float64), alpha=weight)
         self.count += 1
-        self.total_weight += weight
 
     def result(self, dtypes: Mapping[str, torch.dtype] | None = None) -> dict[str, Tensor]:
         """The accumulated sum, cast back to each entry's original dtype when ``dtypes`` is given (else float32)."""

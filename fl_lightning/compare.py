@@ -35,6 +35,7 @@ from pathlib import Path
 
 import yaml
 
+from fl_lightning.lightning_cli import resolve_config
 from fl_lightning.report import write_report
 from fl_lightning.rundir import has_results, read_config, read_summary, run_status, science_diff
 
@@ -116,8 +117,6 @@ class CompareSpec:
 
     def resolved(self, run: Run) -> dict:
         """The resolved config a run of this comparison trains with (what its ``config.yaml`` must hold)."""
-        from fl_lightning.cli import resolve_config
-
         return resolve_config(_fit_args(self, run))
 
     def runs(self) -> list[Run]:

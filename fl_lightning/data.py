@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Union
@@ -14,46 +15,13 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
 from fl_lightning.augment import BatchTransform
+from fl_lightning.context import ClientContext, ServerContext
 from fl_lightning.datasets import DATASETS, ImageData, load_dataset
-from fl_lightning.partitions import SCHEMES, class_counts, client_id_array, partition
+from fl_lightning.partitions import Given, Partitioner, class_counts, client_id_array, make_partitioner
+from fl_lightning.rounds import RoundPlan, RoundPlanner, client_steps, round_seed
 
-#: (channels, image size, classes) of each dataset, known before any file is read.
-DATASET_SHAPES: dict[str, tuple[int, int, int]] = {
-    "digits": (1, 8, 10),
-    "mnist": (1, 28, 10),
-    "fashion_mnist": (1, 28, 10),
-    "cifar10": (3, 32, 10),
-    "cifar100": (3, 32, 100),
-    "cinic10": (3, 32, 10),
-    "tinyimagenet": (3, 64, 200),
-}
-
-
-@dataclass(frozen=True)
-class RoundPlan:
-    """What the clients of one round train on: who, how many local batches each, and at which learning rate."""
-
-    round: int
-    clients: tuple[int, ...]
-    steps: tuple[int, ...]
-    local_epochs: int
-    lr_scale: float
-
-    @property
-    def total_steps(self) -> int:
-        """Training batches in the round, all clients together."""
-        return sum(self.steps)
-
-
-def client_steps(num_samples: int, batch_size: int, local_epochs: int, drop_last: bool = False) -> int:
-    """Local optimizer steps of a client holding ``num_samples`` for ``local_epochs`` epochs."""
-    per_epoch = num_samples // batch_size if drop_last else -(-num_samples // batch_size)
-    return local_epochs * per_epoch
-
-
-def _round_seed(*parts: int) -> int:
-    """A 63-bit seed derived from integers (seed, round, client, ...), stable across runs and platforms."""
-    return int(np.random.SeedSequence(list(parts)).generate_state(1, np.uint64)[0] >> 1)
+#: (channels, image size, classes) of each built-in dataset, known before any file is read (from ``DATASETS``).
+DATASET_SHAPES: dict[str, tuple[int, int, int]] = {name: info.shape for name, info in DATASETS.items()}
 
 
 #: Items per chunk when input statistics are accumulated (the same chunks in memory and streamed, so both agree).
@@ -61,6 +29,12 @@ _STATS_CHUNK = 1024
 
 #: One split of a user's data: a pair of tensors (inputs, labels), or a map-style dataset whose items are (x, y).
 Split = Union[tuple[Tensor, Tensor], Dataset]  # noqa: UP007 (a runtime alias, Python 3.10)
+
+
+def _round_planner(trainer: L.Trainer | None) -> RoundPlanner | None:
+    """The trainer's callback that plans rounds (the Federation), if any."""
+    callbacks = trainer.callbacks if trainer is not None else ()
+    return next((cb for cb in callbacks if isinstance(cb, RoundPlanner)), None)
 
 
 class DataSource:
@@ -306,7 +280,7 @@ class RoundBatches:
         """Positions, within the client's data, of each of its local batches this round, in training order."""
         bs = self.batch_size
         n = self.client_indices[client].numel()
-        gen = torch.Generator().manual_seed(_round_seed(self.seed, self.plan.round, client))
+        gen = torch.Generator().manual_seed(round_seed(self.seed, self.plan.round, client))
         stop = n - n % bs if self.drop_last else n
         for _ in range(self.plan.local_epochs):
             perm = torch.randperm(n, generator=gen)
@@ -472,8 +446,8 @@ class FederatedDataModule(L.LightningDataModule):
     Inputs are kept as given (uint8 images stay uint8); batches are converted to float, augmented and normalised on
     the training device after transfer. Data that is not a pair of tensors (e.g. a torchvision ``ImageFolder``) is not
     loaded: each round reads only its clients' items, through a ``DataLoader`` (``num_workers``, ``pin_memory``).
-    The training loader of a round is driven by the :class:`~fl_lightning.Federation` callback, which sets
-    :attr:`plan_fn`.
+    The training loader of a round is planned by the trainer's :class:`~fl_lightning.Federation` callback (a
+    :class:`~fl_lightning.rounds.RoundPlanner`), which it asks for the round's plan.
 
     Your own data: :meth:`from_tensors`, :meth:`from_datasets`, or (also from YAML) a :class:`DataSource` as
     ``dataset``.
@@ -484,10 +458,13 @@ class FederatedDataModule(L.LightningDataModule):
         root: folder holding the dataset files (default ``./data``; Fashion-MNIST is also found where Debian's
             ``dataset-fashion-mnist`` package puts it).
         download: fetch the data with torchvision when it is missing (MNIST, Fashion-MNIST, CIFAR; needs internet).
-        partition: ``iid``, ``dirichlet`` (LDA), ``shard``, ``classes_per_client`` (NIID-Bench's #C=k), or
-            ``given`` (each sample's client named by ``client_ids``).
+        partition: a name, configured by the short options below: ``iid``, ``dirichlet`` (LDA), ``shard``,
+            ``classes_per_client`` (NIID-Bench's #C=k), or ``given`` (each sample's client named by ``client_ids``);
+            or a :class:`~fl_lightning.partitions.Partitioner` holding its own parameters (in YAML ``class_path:
+            fl_lightning.partitions.Dirichlet`` with ``init_args``), the short options then left at their defaults.
         num_clients: number of clients N (default 10; with ``given``, the number of distinct ids).
-        alpha: Dirichlet concentration α (> 0) for ``dirichlet``; smaller is more skewed.
+        alpha: Dirichlet concentration α (> 0) for ``dirichlet``; smaller is more skewed. The short options of a
+            partition other than the named one are ignored.
         shards_per_client: shards s per client for ``shard``.
         classes_per_client: labels k per client for ``classes_per_client``.
         min_client_size: ``dirichlet`` re-draws until every client holds at least this many samples.
@@ -501,8 +478,9 @@ class FederatedDataModule(L.LightningDataModule):
         cutout: Cutout square size in pixels for training batches (0 disables; images only).
         normalize: standardise inputs with the training data's mean and standard deviation, per channel for images
             and per feature for feature vectors (uint8 inputs on the [0, 1] scale, others on their own scale).
-        client_ids: for ``given``: the client of every training sample (integers or strings, any values), or the
-            name of an attribute of the training dataset (or of the :class:`DataSource`) holding them.
+        client_ids: for ``given`` (a name or a ``Given()`` without ids): the client of every training sample
+            (integers or strings, any values), or the name of an attribute of the training dataset (or of the
+            :class:`DataSource`) holding them.
         num_classes: for your own data, the number of classes when it is not the largest label + 1.
         in_memory: hold the training and test data as tensors (True), read them item by item per round (False);
             None: tensors stay in memory and datasets are streamed.
@@ -516,7 +494,7 @@ class FederatedDataModule(L.LightningDataModule):
         dataset: str | DataSource = "digits",
         root: str | None = None,
         download: bool = False,
-        partition: str = "dirichlet",
+        partition: str | Partitioner = "dirichlet",
         num_clients: int | None = None,
         alpha: float = 0.5,
         shards_per_client: int = 2,
@@ -538,20 +516,27 @@ class FederatedDataModule(L.LightningDataModule):
         seed: int = 0,
     ) -> None:
         super().__init__()
-        if partition not in SCHEMES:
-            raise ValueError(f"unknown partition {partition!r}; choose one of {', '.join(SCHEMES)}")
-        if (partition == "given") != (client_ids is not None):
+        #: How the training samples are split across clients (what the partition short options configure).
+        self.partitioner: Partitioner = make_partitioner(
+            partition,
+            alpha=alpha,
+            shards_per_client=shards_per_client,
+            classes_per_client=classes_per_client,
+            min_client_size=min_client_size,
+        )
+        given = self.partitioner if isinstance(self.partitioner, Given) else None
+        if client_ids is not None and given is None:
+            raise ValueError(
+                f"client_ids are only used by partition 'given', not {self.partitioner.label!r}; set partition: given"
+            )
+        if given is not None and (client_ids is None) == (given.client_ids is None):
             raise ValueError(
                 "partition 'given' needs client_ids (the client of every training sample)"
-                if partition == "given"
-                else f"client_ids are only used by partition 'given', not {partition!r}; set partition: given"
+                if client_ids is None
+                else "client_ids are given twice, to the datamodule and to its Given partition; give them once"
             )
         if num_clients is not None and num_clients < 1:
             raise ValueError(f"num_clients must be at least 1, got {num_clients}")
-        if partition == "dirichlet" and not (alpha > 0 and np.isfinite(alpha)):
-            raise ValueError(f"the Dirichlet concentration must be a positive number, got alpha={alpha}")
-        if partition == "shard" and shards_per_client < 1:
-            raise ValueError(f"shards_per_client must be at least 1, got {shards_per_client}")
         if holdout_per_class < 0:
             raise ValueError(f"holdout_per_class must be >= 0, got {holdout_per_class}")
         if batch_size < 1 or eval_batch_size < 1:
@@ -560,11 +545,6 @@ class FederatedDataModule(L.LightningDataModule):
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
         self.root = root
         self.download = download
-        self.partition = partition
-        self.alpha = alpha
-        self.shards_per_client = shards_per_client
-        self.classes_per_client = classes_per_client
-        self.min_client_size = min_client_size
         self.holdout_per_class = holdout_per_class
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size
@@ -574,8 +554,6 @@ class FederatedDataModule(L.LightningDataModule):
         self.num_workers = num_workers
         self.pin_memory = pin_memory
         self.seed = seed
-        #: Yield single local batches (not one item per client) from the training loader; see :class:`RoundBatches`.
-        self.flat = False
         self._augment_args = (crop_padding, hflip, cutout)
         self._source: DataSource | None = None
         self._train_all: _Split | None = None
@@ -584,13 +562,13 @@ class FederatedDataModule(L.LightningDataModule):
         self.client_names: list[Any] = []
 
         if isinstance(dataset, str):
-            if dataset not in DATASET_SHAPES:
+            if dataset not in DATASETS:
                 raise ValueError(
                     f"unknown dataset {dataset!r}; choose one of {', '.join(DATASETS)}, "
                     "or use FederatedDataModule.from_tensors / from_datasets / a DataSource for your own data"
                 )
             self.dataset = dataset
-            channels, size, classes = DATASET_SHAPES[dataset]
+            channels, size, classes = DATASETS[dataset].shape
             if num_classes is not None and num_classes != classes:
                 raise ValueError(f"{dataset} has {classes} classes, not num_classes={num_classes}")
             self.input_shape: tuple[int, ...] = (channels, size, size)
@@ -610,13 +588,9 @@ class FederatedDataModule(L.LightningDataModule):
                 f"augmentation (crop_padding, hflip, cutout) needs image inputs [C, H, W]; {self.dataset}'s inputs "
                 f"have shape {self.input_shape}; turn it off"
             )
-        if partition == "classes_per_client" and not 1 <= classes_per_client <= self.num_classes:
-            raise ValueError(
-                f"classes_per_client must be between 1 and {self.num_classes} for {self.dataset}, "
-                f"got {classes_per_client}"
-            )
-        if client_ids is not None:
-            self._client_ids = self._resolve_client_ids(client_ids)
+        self.partitioner.check_num_classes(self.num_classes)
+        if given is not None:
+            self._client_ids = self._resolve_client_ids(client_ids if client_ids is not None else given.client_ids)
             self.client_names = np.unique(self._client_ids).tolist()
             if num_clients is not None and num_clients != len(self.client_names):
                 raise ValueError(
@@ -628,8 +602,18 @@ class FederatedDataModule(L.LightningDataModule):
         self.num_clients = num_clients
         self.save_hyperparameters(ignore=["dataset", "client_ids"])
         # Recorded as resolved (loggers merge num_classes with the model's, which must agree; the CLI saves the
-        # values it was given): the dataset's name, its class count and the number of clients.
-        for name, value in (("dataset", self.dataset), ("num_classes", self.num_classes), ("num_clients", num_clients)):
+        # values it was given): the dataset's name, its class count, the number of clients, and a partition object
+        # as config.yaml holds it (class path and init_args).
+        part = self.partitioner
+        recorded = {
+            "dataset": self.dataset,
+            "num_classes": self.num_classes,
+            "num_clients": num_clients,
+            "partition": partition
+            if isinstance(partition, str)
+            else {"class_path": f"{type(part).__module__}.{type(part).__qualname__}", "init_args": part.init_args()},
+        }
+        for name, value in recorded.items():
             self.hparams[name] = value
             self._hparams_initial[name] = value
 
@@ -642,8 +626,6 @@ class FederatedDataModule(L.LightningDataModule):
         self.client_indices: list[Tensor] = []
         self.client_class_counts: np.ndarray = np.zeros((0, self.num_classes), dtype=np.int64)
         self.transform: BatchTransform | None = None
-        #: Called with the round index, returns that round's plan; set by the Federation callback.
-        self.plan_fn: Callable[[int], RoundPlan] | None = None
 
     @property
     def trainer(self) -> L.Trainer | None:
@@ -655,10 +637,9 @@ class FederatedDataModule(L.LightningDataModule):
         # Lightning attaches the datamodule before it reads max_epochs or resolves ckpt_path="last", and before any
         # callback hook runs: the one moment a Federation callback can set the rounds and where checkpoints live.
         self.__dict__["_attached_trainer"] = trainer
-        for callback in trainer.callbacks if trainer is not None else ():
-            prepare = getattr(callback, "prepare_trainer", None)
-            if callable(prepare):
-                prepare(trainer)
+        planner = _round_planner(trainer)
+        if planner is not None:
+            planner.prepare_trainer(trainer)
 
     # ---- construction from your own data ----------------------------------------------------------------------
 
@@ -770,15 +751,8 @@ class FederatedDataModule(L.LightningDataModule):
 
     @property
     def partition_label(self) -> str:
-        """Short human-readable name of the partition, e.g. ``dirichlet(0.5)``."""
-        param = {
-            "iid": "",
-            "dirichlet": f"({self.alpha:g})",
-            "shard": f"({self.shards_per_client})",
-            "classes_per_client": f"({self.classes_per_client})",
-            "given": "",
-        }[self.partition]
-        return f"{self.partition}{param}"
+        """Short human-readable name of the partition, e.g. ``dirichlet(0.5)`` (the partitioner's label)."""
+        return self.partitioner.label
 
     # ---- setup ------------------------------------------------------------------------------------------------
 
@@ -822,25 +796,15 @@ class FederatedDataModule(L.LightningDataModule):
                 f"more clients ({self.num_clients}) than training samples ({len(self.train_y)}); "
                 "lower --data.num_clients"
             )
-        client_ids = None
+        partitioner = self.partitioner
         if self._client_ids is not None:
             if len(self._client_ids) != len(train_all.y):
                 raise ValueError(
                     f"client_ids has {len(self._client_ids)} entries for {len(train_all.y)} training samples; "
                     "give one id per sample"
                 )
-            client_ids = self._client_ids[train_idx.numpy()]
-        parts = partition(
-            self.train_y.numpy(),
-            self.partition,
-            self.num_clients,
-            seed=self.seed,
-            alpha=self.alpha,
-            shards_per_client=self.shards_per_client,
-            classes_per_client=self.classes_per_client,
-            min_size=self.min_client_size,
-            client_ids=client_ids,
-        )
+            partitioner = Given(self._client_ids[train_idx.numpy()])  # the ids of the samples left after the holdout
+        parts = partitioner(self.train_y.numpy(), self.num_clients, seed=self.seed)
         empty = [i for i, p in enumerate(parts) if len(p) == 0]
         if empty:
             raise ValueError(
@@ -891,6 +855,35 @@ class FederatedDataModule(L.LightningDataModule):
         """Number of training samples of each client."""
         return [int(idx.numel()) for idx in self.client_indices]
 
+    def server_context(self, plan: RoundPlan, weights: Sequence[float], **fields: Any) -> ServerContext:
+        """The server's view of round ``plan.round``: the data's part here, the callback's in ``fields``."""
+        assert self.transform is not None, "server_context needs setup() first"
+        return ServerContext(
+            round=plan.round,
+            clients=plan.clients,
+            weights=tuple(weights),
+            num_clients=self.num_clients,
+            aux_x=self.aux_x,
+            aux_y=self.aux_y,
+            num_classes=self.num_classes,
+            client_class_counts=torch.as_tensor(self.client_class_counts),
+            transform=self.transform,
+            **fields,
+        )
+
+    def client_context(self, round_idx: int, client: int, **fields: Any) -> ClientContext:
+        """What ``client`` knows of its data in round ``round_idx`` (read lazily); the callback's part in ``fields``."""
+        assert self.transform is not None, "client_context needs setup() first"
+        return ClientContext(
+            round=round_idx,
+            client=client,
+            num_samples=int(self.client_indices[client].numel()),
+            class_counts=torch.as_tensor(self.client_class_counts[client]),
+            read_data=functools.partial(self.client_data, client),
+            transform=self.transform,
+            **fields,
+        )
+
     def client_data(self, client: int) -> tuple[Tensor, Tensor]:
         """A client's raw inputs (as stored, e.g. uint8) and labels; a streamed dataset reads only its items."""
         idx = self.client_indices[client]
@@ -905,12 +898,6 @@ class FederatedDataModule(L.LightningDataModule):
         return self._test.chunks(self.eval_batch_size)
 
     @property
-    def num_test(self) -> int:
-        """Number of test samples."""
-        assert self._test is not None, "num_test needs setup() first"
-        return len(self._test.y)
-
-    @property
     def num_test_classes(self) -> int:
         """Number of distinct labels in the test set."""
         assert self._test is not None, "num_test_classes needs setup() first"
@@ -918,23 +905,21 @@ class FederatedDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> RoundBatches:
         """The current round's local batches of all its clients, one after another."""
-        if self.plan_fn is None:
+        planner = _round_planner(self.trainer)
+        if planner is None:
             raise RuntimeError(
                 "FederatedDataModule's training data is planned round by round by the Federation callback; "
                 "add fl_lightning.Federation to the Trainer's callbacks"
             )
-        plan = self.plan_fn(self.trainer.current_epoch if self.trainer is not None else 0)
+        assert self.trainer is not None
+        return self.round_batches(planner.local_plan(self.trainer.current_epoch), flat=not planner.client_batches)
+
+    def round_batches(self, plan: RoundPlan, flat: bool = False) -> RoundBatches:
+        """The local batches of ``plan``'s clients (``flat``: one local batch per item, else one client per item)."""
         source = self.train_x if self.train_x is not None else self._train_reader
         assert source is not None
         return RoundBatches(
-            source,
-            self.train_y,
-            self.client_indices,
-            plan,
-            self.batch_size,
-            self.drop_last,
-            self.seed,
-            flat=self.flat,
+            source, self.train_y, self.client_indices, plan, self.batch_size, self.drop_last, self.seed, flat=flat
         )
 
     def test_dataloader(self) -> DataLoader:

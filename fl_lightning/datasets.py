@@ -17,8 +17,6 @@ import numpy as np
 import torch
 from PIL import Image
 
-DATASETS: tuple[str, ...] = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100", "cinic10", "tinyimagenet")
-
 #: Folder used when ``root`` is not given.
 DEFAULT_ROOT = "./data"
 
@@ -70,6 +68,33 @@ class ImageData:
         return int(self.train_x.shape[2])
 
 
+@dataclass(frozen=True)
+class DatasetInfo:
+    """A built-in dataset, registered in :data:`DATASETS`: how its files are read, and its shape.
+
+    Attributes:
+        name: the name ``--data.dataset`` takes.
+        loader: ``loader(root, download) -> (train_x, train_y, test_x, test_y, num_classes)``, uint8 images
+            ``[N, C, H, W]`` and int64 labels; with ``searches_system`` it also takes ``system=True``.
+        channels: image channels C.
+        image_size: image side H = W.
+        num_classes: number of classes.
+        searches_system: when ``root`` is not given, also look where Debian's package installs the files.
+    """
+
+    name: str
+    loader: Callable[..., _Arrays]
+    channels: int
+    image_size: int
+    num_classes: int
+    searches_system: bool = False
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """``(channels, image_size, num_classes)``, known before any file is read."""
+        return self.channels, self.image_size, self.num_classes
+
+
 def load_dataset(name: str, root: str | None = None, download: bool = False) -> ImageData:
     """Load a dataset by name.
 
@@ -87,14 +112,14 @@ def load_dataset(name: str, root: str | None = None, download: bool = False) -> 
         FileNotFoundError: the dataset files were not found, or a folder holds only some of them; the message
             names the missing files and where they were looked for.
     """
-    if name not in _LOADERS:
+    info = DATASETS.get(name)
+    if info is None:
         raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
     root_dir = Path(root if root is not None else DEFAULT_ROOT).expanduser()
-    loader = _LOADERS[name]
-    if root is None and name in _SYSTEM_DIRS:
-        train_x, train_y, test_x, test_y, num_classes = loader(root_dir, download, system=True)
+    if root is None and info.searches_system:
+        train_x, train_y, test_x, test_y, num_classes = info.loader(root_dir, download, system=True)
     else:
-        train_x, train_y, test_x, test_y, num_classes = loader(root_dir, download)
+        train_x, train_y, test_x, test_y, num_classes = info.loader(root_dir, download)
     mean, std = _channel_stats(train_x)
     return ImageData(name, train_x, train_y, test_x, test_y, num_classes, mean, std)
 
@@ -457,19 +482,28 @@ def _load_tinyimagenet(root: Path, download: bool) -> _Arrays:
     return _cached_or_decoded("tinyimagenet", directory, splits, len(wnids))
 
 
-#: Datasets that are also found where Debian installs them, when ``root`` is not given.
-_SYSTEM_DIRS = ("mnist", "fashion_mnist")
+_load_mnist = _idx_loader("MNIST", "/usr/share/datasets/mnist", "MNIST", "MNIST", None)
+_load_fashion_mnist = _idx_loader(
+    "FashionMNIST", "/usr/share/datasets/fashion-mnist", "Fashion-MNIST", "FashionMNIST", "dataset-fashion-mnist"
+)
+_load_cifar10 = _cifar_loader(
+    "cifar-10-batches-py", tuple(f"data_batch_{i}" for i in range(1, 6)), "test_batch", b"labels", 10, "CIFAR10"
+)
+_load_cifar100 = _cifar_loader("cifar-100-python", ("train",), "test", b"fine_labels", 100, "CIFAR100")
 
-_LOADERS: dict[str, Callable[..., _Arrays]] = {
-    "digits": _load_digits,
-    "mnist": _idx_loader("MNIST", "/usr/share/datasets/mnist", "MNIST", "MNIST", None),
-    "fashion_mnist": _idx_loader(
-        "FashionMNIST", "/usr/share/datasets/fashion-mnist", "Fashion-MNIST", "FashionMNIST", "dataset-fashion-mnist"
-    ),
-    "cifar10": _cifar_loader(
-        "cifar-10-batches-py", tuple(f"data_batch_{i}" for i in range(1, 6)), "test_batch", b"labels", 10, "CIFAR10"
-    ),
-    "cifar100": _cifar_loader("cifar-100-python", ("train",), "test", b"fine_labels", 100, "CIFAR100"),
-    "cinic10": _load_cinic10,
-    "tinyimagenet": _load_tinyimagenet,
+#: Every built-in dataset by name, the one place a dataset is registered (its loader and shape); add a
+#: :class:`DatasetInfo` here to make another name known to :func:`load_dataset` and ``--data.dataset``.
+DATASETS: dict[str, DatasetInfo] = {
+    info.name: info
+    for info in (
+        DatasetInfo("digits", _load_digits, channels=1, image_size=8, num_classes=10),
+        DatasetInfo("mnist", _load_mnist, channels=1, image_size=28, num_classes=10, searches_system=True),
+        DatasetInfo(
+            "fashion_mnist", _load_fashion_mnist, channels=1, image_size=28, num_classes=10, searches_system=True
+        ),
+        DatasetInfo("cifar10", _load_cifar10, channels=3, image_size=32, num_classes=10),
+        DatasetInfo("cifar100", _load_cifar100, channels=3, image_size=32, num_classes=100),
+        DatasetInfo("cinic10", _load_cinic10, channels=3, image_size=32, num_classes=10),
+        DatasetInfo("tinyimagenet", _load_tinyimagenet, channels=3, image_size=64, num_classes=200),
+    )
 }

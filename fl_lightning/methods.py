@@ -406,13 +406,14 @@ class SCAFFOLD(FedAvg):
     Every local step descends g + c − c_k; after K steps the client's control becomes
     c_k⁺ = c_k − c + (w_g − w_k)/(lr·a_k) (a_k = K without momentum, FedNova's a_k with it) and it uploads
     Δc_k = c_k⁺ − c_k. The server moves w_g ← w_g + η_g·(Σ_k p_k w_k − w_g) on the parameters and
-    c ← c + (1/N)·Σ_{k∈S} Δc_k, which keeps c the mean of all N client controls. The server-state example of the
+    c ← c + (1/N)·Σ_{k∈S} Δc_k, which keeps c the mean of all N client controls. η_g is the federation's one server
+    learning rate (``--federation.server_lr``, or a ``server_optimizer``), applied after this method's
+    ``server_update``. The server-state example of the
     hooks: c lives in ``server.state["c"]``, goes down in ``on_round_start``'s payload and is updated in
     ``server_update``; each c_k lives in its client's ``state``. Memory: one model-sized control per client that has
     trained (CPU) and one on the server.
 
     Args:
-        server_lr: global step size η_g (1: the averaged weights).
         **kwargs: see :class:`~fl_lightning.module.FedAvg`.
     """
 
@@ -421,11 +422,8 @@ class SCAFFOLD(FedAvg):
     # Σ_k Δc_k (not a weighted mean): METHODS.md's (|S|/N)·mean(Δc_k) = (1/N)·Σ_{k∈S} Δc_k, whatever the aggregation.
     upload_reduce: ClassVar[Mapping[str, str]] = {"delta_c": "sum"}
 
-    def __init__(self, server_lr: float = 1.0, **kwargs: Any) -> None:
-        if server_lr <= 0:
-            raise ValueError(f"SCAFFOLD needs server_lr > 0, got {server_lr}")
+    def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.server_lr = server_lr
         self._c: Tensor | None = None
         self._c_k: Tensor | None = None
         self._correction: list[Tensor] = []
@@ -463,13 +461,9 @@ class SCAFFOLD(FedAvg):
     def server_update(
         self, server: ServerContext, average: dict[str, Tensor], uploads: dict[str, Tensor]
     ) -> dict[str, Tensor]:
-        """w_g ← w_g + η_g·(average − w_g) on the parameters (buffers: the average); c ← c + Σ Δc_k / N."""
+        """C ← c + Σ Δc_k / N; the weights are the average (the server optimizer then applies η_g)."""
         server.state["c"] = server.state["c"] + uploads["delta_c"].to(server.state["c"]) / server.num_clients
-        if self.server_lr == 1.0:
-            return average
-        w_g = _state_vector(server.global_weights, self)
-        step = _state_vector(average, self).to(w_g.dtype) - w_g
-        return _with_params(average, w_g + self.server_lr * step, self)
+        return average
 
 
 class FedNova(FedAvg):

@@ -258,9 +258,3 @@ def net_name(net: nn.Module | str) -> str:
         return net
     cls = type(net)
     return cls.__qualname__ if cls.__module__ in ("builtins", "__main__") else f"{cls.__module__}.{cls.__qualname__}"
-
-
-def infer_num_classes(net: nn.Module) -> int | None:
-    """The output size of the network's last ``nn.Linear`` layer (its class count), or None if it has none."""
-    linears = [m for m in net.modules() if isinstance(m, nn.Linear)]
-    return int(linears[-1].out_features) if linears else None

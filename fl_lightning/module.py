@@ -13,6 +13,8 @@ from lightning.pytorch.strategies import SingleDeviceStrategy
 from torch import Tensor, nn
 
 from fl_lightning.context import ClientContext, ServerContext
+from fl_lightning.distributed import all_reduce_sum_
+from fl_lightning.evaluation import Counts, Evaluation, add_counts, batch_counts
 from fl_lightning.models import MODELS, build_model, net_name
 
 
@@ -329,9 +331,22 @@ class FedAvg(FederatedHooks, L.LightningModule):
         """The method's local objective on one (augmented, normalised) batch."""
         return F.cross_entropy(self(x), y)
 
+    def on_test_epoch_start(self) -> None:
+        """Start summing the test counts."""
+        self._test_counts: Counts | None = None
+
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        """Accuracy and loss of the (global) model on the test set, for ``trainer.test``."""
+        """Sum the test loss and per-class hits of a batch (``trainer.test``; the same counts as the federation's)."""
         x, y = batch
-        logits = self(x).float()
-        self.log("test/loss", F.cross_entropy(logits, y))
-        self.log("test/acc", (logits.argmax(1) == y).float().mean())
+        logits = self(x)
+        self._test_counts = add_counts(getattr(self, "_test_counts", None), batch_counts(logits, y, logits.shape[-1]))
+
+    def on_test_epoch_end(self) -> None:
+        """Log ``test/loss`` and ``test/acc`` over the whole test set (summed over processes)."""
+        counts = getattr(self, "_test_counts", None)
+        if counts is None:
+            return
+        all_reduce_sum_(counts)
+        result = Evaluation.from_counts(counts)
+        self.log("test/loss", result.loss)
+        self.log("test/acc", result.acc)

@@ -1,24 +1,24 @@
 """Non-IID partitions of a labelled dataset across clients.
 
-Each partitioner is a pure function of the labels and a seed: it owns a ``np.random.default_rng(seed)`` and returns,
-per client, a sorted int64 array of sample indices; no index is used twice. Arguments are validated at once with a
-``ValueError`` that says what to change.
+A partitioner is a small class holding its parameters (:class:`Dirichlet`, :class:`Shard`, ...); calling it with the
+labels, the number of clients and a seed returns, per client, a sorted int64 array of sample indices; no index is
+used twice. The arithmetic lives in pure functions (:func:`dirichlet`, :func:`shard`, ...), each owning a
+``np.random.default_rng(seed)``. Parameters are validated at once with a ``ValueError`` that says what to change.
 
->>> parts = partition([0, 1, 2] * 10, "shard", num_clients=3, shards_per_client=2)
+>>> parts = Shard(2)([0, 1, 2] * 10, num_clients=3, seed=0)
 >>> [len(p) for p in parts]
 [10, 10, 10]
+>>> make_partitioner("dirichlet", alpha=0.1).label
+'dirichlet(0.1)'
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
+from typing import Any, ClassVar
 
 import numpy as np
-
-#: The synthetic partitions, drawn from the labels and a seed.
-PARTITIONS: tuple[str, ...] = ("iid", "dirichlet", "shard", "classes_per_client")
-#: Every scheme :func:`partition` knows: the synthetic ones and ``given`` (each sample's client named by the user).
-SCHEMES: tuple[str, ...] = (*PARTITIONS, "given")
 
 Labels = Sequence[int] | np.ndarray
 
@@ -49,6 +49,19 @@ def _check_clients(num_clients: int, n: int) -> int:
     if num_clients > n:
         raise ValueError(f"more clients ({num_clients}) than samples ({n}); use at most {n} clients")
     return num_clients
+
+
+def _alpha(alpha: float) -> float:
+    try:
+        value = float(alpha)
+    except (TypeError, ValueError):
+        value = float("nan")
+    if not (np.isfinite(value) and value > 0):
+        raise ValueError(
+            f"the Dirichlet concentration must be a positive number, got alpha={alpha!r}; "
+            "give a finite alpha > 0 (e.g. 0.5; smaller is more skewed)"
+        )
+    return value
 
 
 def _finish(parts: Sequence[np.ndarray | list[int]]) -> list[np.ndarray]:
@@ -98,12 +111,7 @@ def dirichlet(
     """
     y = _labels(labels)
     num_clients = _check_clients(num_clients, len(y))
-    try:
-        alpha = float(alpha)
-    except (TypeError, ValueError):
-        raise ValueError(f"the Dirichlet concentration alpha must be a positive number, got {alpha!r}") from None
-    if not (np.isfinite(alpha) and alpha > 0):
-        raise ValueError(f"the Dirichlet concentration alpha must be a positive finite number, got {alpha}")
+    alpha = _alpha(alpha)
     min_size = _int("min_size", min_size, 0)
     max_draws = _int("max_draws", max_draws, 1)
     if min_size * num_clients > len(y):
@@ -250,56 +258,241 @@ def client_id_array(client_ids: Sequence[int | str] | np.ndarray) -> np.ndarray:
     return ids
 
 
-_classes_per_client = classes_per_client  # the dispatcher's keyword argument shadows the function's name
+# ----------------------------------------------------------------------------------------------------------------------
+# partitioners: a scheme and its parameters, as an object
 
 
-def partition(
-    labels: Labels,
-    scheme: str,
-    num_clients: int,
-    seed: int = 0,
-    *,
-    alpha: float = 0.5,
-    shards_per_client: int = 2,
-    classes_per_client: int = 2,
-    min_size: int = 10,
-    client_ids: Sequence[int | str] | np.ndarray | None = None,
-) -> list[np.ndarray]:
-    """Partition by scheme name, one of ``SCHEMES``; only the keyword arguments of that scheme are used.
+class Partitioner:
+    """A partition scheme and its parameters; calling it splits a dataset's labels across clients.
+
+    A subclass validates its parameters in ``__init__`` (a one-line ``ValueError`` that says what to change), keeps
+    each under its argument's name (what :meth:`init_args` and ``repr`` read) and implements ``__call__``. Give one to
+    :class:`~fl_lightning.FederatedDataModule` as ``partition`` (in YAML: ``class_path`` and ``init_args``).
+    """
+
+    #: Short name, as in ``--data.partition NAME`` (a key of :data:`PARTITIONERS`).
+    name: ClassVar[str] = ""
+    #: The datamodule's short options that configure it (``--data.alpha``), each mapped to an ``__init__`` argument.
+    short_options: ClassVar[dict[str, str]] = {}
+
+    def __call__(self, labels: Labels, num_clients: int, seed: int = 0) -> list[np.ndarray]:
+        """One sorted int64 array of sample indices per client (``num_clients`` of them); no index is used twice."""
+        raise NotImplementedError(f"{type(self).__name__} must implement __call__(labels, num_clients, seed)")
+
+    @property
+    def label(self) -> str:
+        """Short human-readable name recorded in results (``summary.json``), e.g. ``dirichlet(0.5)``."""
+        return self.name or type(self).__name__
+
+    def check_num_classes(self, num_classes: int) -> None:
+        """Raise a ``ValueError`` when data of ``num_classes`` classes cannot be split so (known before the labels)."""
+
+    def init_args(self) -> dict[str, Any]:
+        """The ``__init__`` arguments as this object holds them (what a config's ``init_args`` would say)."""
+        params = inspect.signature(type(self).__init__).parameters.values()
+        named = [p.name for p in params if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        return {name: getattr(self, name) for name in named if hasattr(self, name)}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.init_args().items())})"
+
+
+class IID(Partitioner):
+    """Uniformly random split; client sizes differ by at most one (:func:`iid`).
+
+    >>> IID().label
+    'iid'
+    """
+
+    name = "iid"
+
+    def __call__(self, labels: Labels, num_clients: int, seed: int = 0) -> list[np.ndarray]:
+        """One sorted int64 index array per client; together they cover every sample once."""
+        return iid(labels, num_clients, seed)
+
+
+class Dirichlet(Partitioner):
+    """Latent Dirichlet allocation over the labels (:func:`dirichlet`; Hsu et al., arXiv:1909.06335).
 
     Args:
-        labels: class index per sample.
-        scheme: ``"iid"``, ``"dirichlet"``, ``"shard"``, ``"classes_per_client"`` or ``"given"``.
-        num_clients: number of clients N.
-        seed: random seed.
-        alpha: Dirichlet concentration (``dirichlet``).
-        shards_per_client: shards per client (``shard``).
-        classes_per_client: labels per client k (``classes_per_client``).
-        min_size: smallest acceptable client (``dirichlet``).
-        client_ids: the client of every sample (``given``; ``num_clients`` must match the distinct ids).
+        alpha: concentration α > 0; small α gives few classes per client, large α approaches IID.
+        min_size: the partition is re-drawn until every client holds at least this many samples (``>= 0``).
+        max_draws: bound on the number of draws (``>= 1``); past it a ``ValueError`` reports the client sizes.
 
-    Returns:
-        One sorted int64 index array per client.
+    >>> Dirichlet(0.1)
+    Dirichlet(alpha=0.1, min_size=10, max_draws=100)
+    >>> Dirichlet(0.1).label
+    'dirichlet(0.1)'
     """
-    if scheme == "given":
-        if client_ids is None:
+
+    name = "dirichlet"
+    short_options = {"alpha": "alpha", "min_client_size": "min_size"}
+
+    def __init__(self, alpha: float = 0.5, min_size: int = 10, max_draws: int = 100) -> None:
+        self.alpha = _alpha(alpha)
+        self.min_size = _int("min_size", min_size, 0)
+        self.max_draws = _int("max_draws", max_draws, 1)
+
+    @property
+    def label(self) -> str:
+        """``dirichlet(α)``."""
+        return f"{self.name}({self.alpha:g})"
+
+    def __call__(self, labels: Labels, num_clients: int, seed: int = 0) -> list[np.ndarray]:
+        """One sorted int64 index array per client; together they cover every sample once."""
+        return dirichlet(labels, num_clients, self.alpha, seed, self.min_size, self.max_draws)
+
+
+class Shard(Partitioner):
+    """Label sharding: N·s label-sorted shards, s dealt to each client (:func:`shard`; FedAvg, arXiv:1602.05629).
+
+    Args:
+        shards_per_client: shards s per client (``>= 1``).
+
+    >>> Shard(2).label
+    'shard(2)'
+    """
+
+    name = "shard"
+    short_options = {"shards_per_client": "shards_per_client"}
+
+    def __init__(self, shards_per_client: int = 2) -> None:
+        self.shards_per_client = _int("shards_per_client", shards_per_client, 1)
+
+    @property
+    def label(self) -> str:
+        """``shard(s)``."""
+        return f"{self.name}({self.shards_per_client})"
+
+    def __call__(self, labels: Labels, num_clients: int, seed: int = 0) -> list[np.ndarray]:
+        """One sorted int64 index array of equal size per client (the remainder of the sorted labels is dropped)."""
+        return shard(labels, num_clients, self.shards_per_client, seed)
+
+
+class ClassesPerClient(Partitioner):
+    """k labels per client, NIID-Bench's ``#C = k`` (:func:`classes_per_client`; Li et al., arXiv:2102.02079).
+
+    ``k`` is checked against the number of classes when the labels are known (and by
+    :meth:`check_num_classes`, before).
+
+    Args:
+        classes_per_client: labels k per client (``>= 1``, at most the number of classes).
+
+    >>> ClassesPerClient(2).label
+    'classes_per_client(2)'
+    """
+
+    name = "classes_per_client"
+    short_options = {"classes_per_client": "classes_per_client"}
+
+    def __init__(self, classes_per_client: int = 2) -> None:
+        self.classes_per_client = _int("classes_per_client", classes_per_client, 1)
+
+    @property
+    def label(self) -> str:
+        """``classes_per_client(k)``."""
+        return f"{self.name}({self.classes_per_client})"
+
+    def check_num_classes(self, num_classes: int) -> None:
+        """Refuse more labels per client than the data has classes."""
+        if self.classes_per_client > num_classes:
+            raise ValueError(
+                f"classes_per_client must be between 1 and {num_classes} (the classes), got {self.classes_per_client}"
+            )
+
+    def __call__(self, labels: Labels, num_clients: int, seed: int = 0) -> list[np.ndarray]:
+        """One sorted int64 index array per client; samples of labels no client holds are dropped."""
+        return classes_per_client(labels, num_clients, self.classes_per_client, seed)
+
+
+class Given(Partitioner):
+    """Natural clients (writers, hospitals, devices): sample i belongs to client ``client_ids[i]`` (:func:`given`).
+
+    No randomness is involved; ``num_clients`` must equal the number of distinct ids.
+
+    Args:
+        client_ids: one id per sample (integers or strings, any values; a list, array or tensor). The datamodule
+            may instead take them from its ``client_ids`` option and hand them over resolved.
+
+    >>> [p.tolist() for p in Given(["b", "a", "b"])([0, 1, 0], num_clients=2)]
+    [[1], [0, 2]]
+    """
+
+    name = "given"
+
+    def __init__(self, client_ids: list[int] | list[str] | None = None) -> None:
+        self.client_ids = None if client_ids is None else client_id_array(client_ids)
+
+    def init_args(self) -> dict[str, Any]:
+        """``client_ids`` as a list (None when not given)."""
+        return {"client_ids": None if self.client_ids is None else self.client_ids.tolist()}
+
+    def __repr__(self) -> str:
+        return "Given()" if self.client_ids is None else f"Given(<{len(self.client_ids)} client ids>)"
+
+    def __call__(self, labels: Labels, num_clients: int, seed: int = 0) -> list[np.ndarray]:
+        """One sorted int64 index array per distinct id, in sorted id order."""
+        if self.client_ids is None:
             raise ValueError("partition 'given' needs client_ids: the client of every training sample")
-        parts = given(labels, client_ids)
+        parts = given(labels, self.client_ids)
         if len(parts) != num_clients:
             raise ValueError(
                 f"client_ids name {len(parts)} distinct clients but num_clients is {num_clients}; "
                 "leave num_clients unset or make them agree"
             )
         return parts
-    if scheme == "iid":
-        return iid(labels, num_clients, seed)
-    if scheme == "dirichlet":
-        return dirichlet(labels, num_clients, alpha, seed, min_size)
-    if scheme == "shard":
-        return shard(labels, num_clients, shards_per_client, seed)
-    if scheme == "classes_per_client":
-        return _classes_per_client(labels, num_clients, classes_per_client, seed)
-    raise ValueError(f"unknown partition {scheme!r}; choose one of {', '.join(SCHEMES)}")
+
+
+#: Every partitioner by short name (``--data.partition NAME``).
+PARTITIONERS: dict[str, type[Partitioner]] = {p.name: p for p in (IID, Dirichlet, Shard, ClassesPerClient, Given)}
+
+
+def _short_defaults() -> dict[str, Any]:
+    """Each short option's default: that of the argument it sets."""
+    out: dict[str, Any] = {}
+    for cls in PARTITIONERS.values():
+        params = inspect.signature(cls.__init__).parameters
+        out.update({option: params[arg].default for option, arg in cls.short_options.items()})
+    return out
+
+
+def make_partitioner(partition: str | Partitioner, **options: Any) -> Partitioner:
+    """The partitioner a datamodule was given: a short name built from the short options, or an object as it is.
+
+    A name (a key of :data:`PARTITIONERS`) builds that class from the options its ``short_options`` lists
+    (``alpha`` and ``min_client_size`` for ``dirichlet``, ...); options of other partitioners are ignored, so that
+    configs compose (``--config dir01.yaml --data.partition shard``). An object holds its own parameters: every
+    option must then keep its default.
+
+    Args:
+        partition: a short name, or a :class:`Partitioner`.
+        **options: the datamodule's short options (``alpha``, ``min_client_size``, ``shards_per_client``,
+            ``classes_per_client``).
+
+    Returns:
+        The partitioner.
+
+    >>> make_partitioner("shard", alpha=0.1, shards_per_client=3)
+    Shard(shards_per_client=3)
+    """
+    defaults = _short_defaults()
+    unknown = sorted(set(options) - set(defaults))
+    if unknown:
+        raise TypeError(f"unknown partition options {unknown}; the short options are {', '.join(defaults)}")
+    if isinstance(partition, Partitioner):
+        changed = [f"{k}={v!r}" for k, v in options.items() if v != defaults[k]]
+        if changed:
+            raise ValueError(
+                f"partition {partition!r} is an object with its own parameters, so {', '.join(changed)} would be "
+                "unused; set them in the object (YAML: partition.init_args) and drop the short option"
+            )
+        return partition
+    cls = PARTITIONERS.get(partition) if isinstance(partition, str) else None
+    if cls is None:
+        raise ValueError(
+            f"unknown partition {partition!r}; choose one of {', '.join(PARTITIONERS)}, or give a Partitioner"
+        )
+    return cls(**{arg: options[option] for option, arg in cls.short_options.items() if option in options})
 
 
 def class_counts(labels: Labels, parts: Sequence[np.ndarray], num_classes: int) -> np.ndarray:

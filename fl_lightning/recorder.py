@@ -22,6 +22,7 @@ from typing import Any
 import lightning as L
 import numpy as np
 from lightning.pytorch.callbacks.progress import TQDMProgressBar
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from fl_lightning.files import remove_temporaries, write_text_atomic
@@ -158,6 +159,45 @@ class RunRecorder:
         elif status == "failed":
             rank_zero_warn(f"run failed: {error} (results so far in {self.run_dir})")
 
+    def stop_diverged(self, trainer: L.Trainer, round_number: int, reason: str) -> None:
+        """End the run as ``diverged`` in ``round_number`` and ask the Trainer to stop."""
+        self.diverged_round = round_number
+        self.say(trainer, f"round {round_number}: diverged ({reason}); stopping")
+        self.finish(trainer, "diverged", reason)
+        trainer.should_stop = True
+
+    def check_divergence(self, trainer: L.Trainer, collapse_rounds: int | None, num_test_classes: int) -> None:
+        """After a recorded round: stop as ``diverged`` on a non-finite test loss, or a collapse to one class.
+
+        A collapse (the global model right on at most one class for ``collapse_rounds`` evaluated rounds in a row,
+        the papers' "Failed") diverged in its first round; never with fewer than two test classes.
+        """
+        row = self.history[-1]
+        collapsed = self.collapsed_since(collapse_rounds) if num_test_classes >= 2 else None
+        if not np.isfinite(row["global_loss"]):
+            self.stop_diverged(trainer, int(row["round"]), "the global model's test loss is not finite")
+        elif collapsed is not None:
+            reason = (
+                f"the global model has been right on at most one class (accuracy {row['global_acc']:.2%}) "
+                f"in {collapse_rounds} evaluated rounds in a row"
+            )
+            self.stop_diverged(trainer, collapsed, reason)
+
+    def end(self, trainer: L.Trainer, total_rounds: int) -> None:
+        """At the end of fit: ``completed`` when every round ran, ``interrupted`` when something stopped it early."""
+        if self.status == "running":
+            done = bool(self.history) and self.history[-1]["round"] >= total_rounds
+            self.finish(trainer, "completed" if done else "interrupted")
+
+    def end_with(self, trainer: L.Trainer, exception: BaseException) -> None:
+        """After an exception: a signal or Ctrl-C leaves the run ``interrupted`` (resumable), others ``failed``."""
+        if self.status != "running":
+            return
+        if isinstance(exception, (KeyboardInterrupt, SIGTERMException)):
+            self.finish(trainer, "interrupted")
+        else:
+            self.finish(trainer, "failed", f"{type(exception).__name__}: {exception}")
+
     def collapsed_since(self, patience: int | None) -> int | None:
         """The first round of a collapse that spans the last ``patience`` evaluated rounds (else None).
 
@@ -271,6 +311,26 @@ class RunRecorder:
 
 
 @functools.lru_cache(maxsize=1)
+def run_info(trainer: L.Trainer, module: L.LightningModule, datamodule: Any, **federation: Any) -> dict[str, Any]:
+    """A run's identity for ``summary.json``: method, dataset, partition, clients, network, seed, precision, ...
+
+    ``federation`` holds the callback's settings to record (``sample_ratio``, ``local_epochs``, ``seed``).
+    """
+    net = module.hparams.get("net") if hasattr(module, "hparams") else None
+    return {
+        "method": getattr(module, "method_name", type(module).__name__),
+        "dataset": datamodule.dataset,
+        "partition": datamodule.partition_label,
+        "num_clients": datamodule.num_clients,
+        "sample_ratio": federation["sample_ratio"],
+        "local_epochs": federation["local_epochs"],
+        "model": net if isinstance(net, str) or net is None else type(net).__name__,
+        "seed": federation["seed"],
+        "precision": str(trainer.precision),
+        "world_size": trainer.world_size,
+    }
+
+
 def git_revision() -> str | None:
     """The short git revision of the fl_lightning checkout (None outside a git checkout)."""
     try:

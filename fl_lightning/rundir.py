@@ -107,8 +107,12 @@ def science_diff(saved: Mapping[str, Any], new: Mapping[str, Any], allow_growth:
     Returns:
         One entry per differing key, sorted; empty when the configs describe the same experiment.
 
+    A key that one config lacks and the other leaves at ``None`` (an option added later, at its default) is the same.
+
     >>> science_diff({"data": {"alpha": 0.5}, "trainer": {"logger": False}}, {"data": {"alpha": 0.1}})
     ['data.alpha: 0.5 -> 0.1']
+    >>> science_diff({"federation": {"rounds": 5}}, {"federation": {"rounds": 5, "server_optimizer": None}})
+    []
     """
     old_flat, new_flat = flatten(saved), flatten(new)
     out = []
@@ -116,7 +120,7 @@ def science_diff(saved: Mapping[str, Any], new: Mapping[str, Any], allow_growth:
         if not is_science_key(key):
             continue
         old, cur = old_flat.get(key, "<unset>"), new_flat.get(key, "<unset>")
-        if _same(old, cur) or (cur is None and key in _DATA_DERIVED):
+        if _same(old, cur) or (cur is None and key in _DATA_DERIVED) or {old, cur} == {None, "<unset>"}:
             continue
         if allow_growth and key in GROW_KEYS and isinstance(old, int) and isinstance(cur, int) and cur > old:
             continue

@@ -14,6 +14,7 @@ from torch import nn
 
 from fl_lightning import losses
 from fl_lightning.methods import METHODS, MOON, SCAFFOLD, FedAvg, FedCurv, FedDyn, FedNova
+from fl_lightning.server_optim import ServerSGD
 
 BASELINES = {"scaffold": SCAFFOLD, "feddyn": FedDyn, "moon": MOON, "fednova": FedNova, "fedcurv": FedCurv}
 
@@ -151,11 +152,14 @@ def test_scaffold_first_round_controls_are_zero_and_leave_gradients_alone():
 
 
 def test_scaffold_server_update_by_hand():
-    module = tiny_module(SCAFFOLD, server_lr=0.5)
+    module = tiny_module(SCAFFOLD)
     w_g, avg = state_of(module, torch.zeros(6)), state_of(module, torch.full((6,), 2.0))
     server = server_ctx(w_g, w_g, num_clients=4, clients=(0, 2), weights=(0.5, 0.5), state={"c": torch.ones(6)})
     # uploads of "delta_c" are summed over the round's clients: Δc_0 + Δc_2
     new = module.server_update(server, avg, {"delta_c": torch.full((6,), 2.0)})
+    torch.testing.assert_close(flat(new, module), torch.full((6,), 2.0))  # the weights: the average
+    # η_g is the federation's one server learning rate, applied after the method's server step
+    new = ServerSGD(lr=0.5).step(w_g, new, keys=[k for k, _ in module.named_parameters()])
     torch.testing.assert_close(flat(new, module), torch.full((6,), 1.0))  # w_g + ½·(2 − 0)
     torch.testing.assert_close(server.state["c"], torch.full((6,), 1.5))  # c + (1/N)·Σ Δc = 1 + 2/4
 
@@ -450,7 +454,6 @@ def test_registry_short_names_and_exact_steps():
 @pytest.mark.parametrize(
     ("cls", "kwargs", "match"),
     [
-        (SCAFFOLD, {"server_lr": 0.0}, "server_lr"),
         (FedDyn, {"alpha": 0.0}, "alpha"),
         (MOON, {"tau": 0.0}, "tau"),
         (FedCurv, {"fisher_samples": 0}, "fisher_samples"),

@@ -57,8 +57,9 @@ def test_bad_value_is_one_line_and_exit_2():
         (["--model.init_args.net", "vgg"], "error: unknown model 'vgg'"),
         (["--data.num_clientz", "3"], "error: unrecognized arguments: --data.num_clientz"),
         (["--federation.sample_ratio", "1.5"], "error: sample_ratio must be in (0, 1]"),
-        (["--trainer.limit_train_batches", "2"], "error: --trainer.limit_train_batches 2.0 is not supported"),
-        (["--trainer.fast_dev_run", "true"], "error: --trainer.fast_dev_run True is not supported"),
+        (["--trainer.limit_train_batches", "2"], "error: trainer option limit_train_batches=2.0 is not supported"),
+        (["--trainer.fast_dev_run", "true"], "error: trainer option fast_dev_run=True is not supported"),
+        (["--trainer.accumulate_grad_batches", "2"], "error: trainer option accumulate_grad_batches=2 is not"),
         (["--ckpt_path", "nope.ckpt"], "error: --ckpt_path nope.ckpt: no such file"),
         (["--data.dataset", "cifar10", "--data.root", "/nonexistent"], "error: CIFAR-10 python batches"),
     ],
@@ -135,12 +136,12 @@ def test_drop_last_error_is_refused_at_start_not_interrupted(tmp_path, capsys):
 
 
 def test_error_during_a_run_is_failed_with_its_message(tmp_path, monkeypatch):
-    from fl_lightning.federation import Federation
+    from fl_lightning.server_optim import ServerSGD
 
     def broken(*args, **kwargs):
         raise RuntimeError("boom in the server step")
 
-    monkeypatch.setattr(Federation, "_server_momentum_step", broken)
+    monkeypatch.setattr(ServerSGD, "step", broken)
     args = [*BASE, "--trainer.default_root_dir", str(tmp_path), "--federation.server_momentum", "0.5"]
     assert run(args) == 1
     summary = read_summary(tmp_path)

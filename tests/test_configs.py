@@ -101,7 +101,8 @@ def test_configs_are_generated_and_in_sync():
     import make_configs
 
     for name, text in make_configs.all_configs().items():
-        assert (ROOT / "configs" / name).read_text() == text, f"configs/{name} is stale: run scripts/make_configs.py"
+        path = ROOT / "configs" / name
+        assert path.read_text(encoding="utf-8") == text, f"configs/{name} is stale: run scripts/make_configs.py"
 
 
 def test_issue_config_names_exist():
@@ -214,4 +215,4 @@ def test_method_by_short_name_and_override():
     )
     assert isinstance(cli.model, FedNTD) and cli.model.beta == 0.5
     assert cli.model.num_classes == 10 and cli.model.hparams.image_size == 8  # linked from the data
-    assert cli.datamodule.shards_per_client == 3 and cli.datamodule.seed == 4
+    assert cli.datamodule.partitioner.shards_per_client == 3 and cli.datamodule.seed == 4

@@ -12,7 +12,8 @@ import torch
 from PIL import Image
 
 from fl_lightning import datasets
-from fl_lightning.datasets import CACHE_NAME, DATASETS, ImageData, load_dataset, read_idx
+from fl_lightning.data import DATASET_SHAPES, FederatedDataModule
+from fl_lightning.datasets import CACHE_NAME, DATASETS, DatasetInfo, ImageData, load_dataset, read_idx
 
 IDX_NAMES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 CINIC_CLASSES = (
@@ -331,8 +332,33 @@ def test_unknown_dataset() -> None:
         load_dataset("imagenet")
 
 
-def test_every_name_has_a_loader() -> None:
-    assert set(datasets._LOADERS) == set(DATASETS)
+def test_one_registry_names_every_dataset() -> None:
+    assert list(DATASETS) == ["digits", "mnist", "fashion_mnist", "cifar10", "cifar100", "cinic10", "tinyimagenet"]
+    assert all(info.name == name and callable(info.loader) for name, info in DATASETS.items())
+    assert DATASETS["tinyimagenet"].shape == (3, 64, 200) and DATASETS["cifar100"].shape == (3, 32, 100)
+    assert [name for name, info in DATASETS.items() if info.searches_system] == ["mnist", "fashion_mnist"]
+    assert DATASET_SHAPES == {name: info.shape for name, info in DATASETS.items()}  # the datamodule's, derived
+
+
+def test_registered_shape_is_the_loaded_one() -> None:
+    data = load_dataset("digits")
+    assert (data.in_channels, data.image_size, data.num_classes) == DATASETS["digits"].shape
+
+
+def test_one_entry_makes_a_dataset_known_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    def load(root: Path, download: bool) -> tuple:
+        x = torch.arange(26 * 16).reshape(26, 1, 4, 4).to(torch.uint8)
+        y = torch.arange(26) % 2
+        return x[:20], y[:20], x[20:], y[20:], 2
+
+    monkeypatch.setitem(DATASETS, "tiny", DatasetInfo("tiny", load, channels=1, image_size=4, num_classes=2))
+    assert load_dataset("tiny").num_classes == 2
+    dm = FederatedDataModule("tiny", num_clients=2, partition="iid", batch_size=4)
+    assert dm.input_shape == (1, 4, 4) and dm.num_classes == 2
+    dm.setup("fit")
+    assert sum(dm.client_sizes) == 20 and len(dm.test_dataloader().dataset) == 6
+    with pytest.raises(ValueError, match="unknown dataset 'nope'; choose one of digits, .*, tinyimagenet, tiny"):
+        FederatedDataModule("nope")
 
 
 def test_read_idx_magic(tmp_path: Path) -> None:

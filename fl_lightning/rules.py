@@ -1,0 +1,230 @@
+"""The Trainer rules of a federated run, in one place: the command line and the Python API both go through them.
+
+One Lightning epoch is one communication round, and a round trains every sampled client for its local epochs. So
+the Trainer's ``max_epochs`` is the number of rounds, options that cut an epoch short or change what a batch is are
+refused, half precision needs a CUDA GPU, and checkpoints live in ``<default_root_dir>/checkpoints``. Every refusal is
+a one-line ``ValueError`` that names the option, as ``trainer option <name>=<value>``, and says what to do instead.
+
+Plain functions of values (for the CLI, before anything is built) or of a built ``L.Trainer`` (for the Federation
+callback); nothing here imports the rest of the package.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from fl_lightning.data import FederatedDataModule
+from fl_lightning.module import FedAvg
+
+#: Precisions that run on the CPU (Lightning would quietly turn 16-mixed into bf16-mixed there).
+CPU_PRECISIONS = ("32-true", "32", "64-true", "64", "bf16-mixed")
+#: The precisions whose gradient scaler can skip an optimizer step.
+SCALED_PRECISIONS = ("16-mixed", "16")
+#: What Lightning sets ``max_epochs`` to when a fit starts with it unset (and ``max_steps`` unset).
+LIGHTNING_DEFAULT_MAX_EPOCHS = 1000
+
+_QUICK_RUN = (
+    "for a quick run use --federation.rounds 1 --data.num_clients 2 "
+    "(or --federation.sample_ratio to train fewer clients per round)"
+)
+_CUTS_ROUNDS = "a round trains every sampled client for its local epochs, so it would cut rounds short; " + _QUICK_RUN
+#: Trainer options that would cut rounds short or change what a batch is: name -> (allowed?, why not).
+#: The order is the order of the checks: ``fast_dev_run`` implies the others, ``overfit_batches`` implies
+#: ``limit_train_batches``.
+_ROUND_OPTIONS: dict[str, tuple[Any, str]] = {
+    "fast_dev_run": (lambda v: v is None or v is False or v == 0, _CUTS_ROUNDS),
+    "overfit_batches": (lambda v: v is None or v == 0, _CUTS_ROUNDS),
+    # An int is a number of batches: limit_train_batches=1 trains one batch (one client), 1.0 trains all of them.
+    "limit_train_batches": (lambda v: v is None or (isinstance(v, float) and v == 1.0), _CUTS_ROUNDS),
+    "max_steps": (lambda v: v is None or v == -1, _CUTS_ROUNDS),
+    "accumulate_grad_batches": (
+        lambda v: v is None or v == 1,
+        "every local batch is one optimizer step (methods count and scale local steps); leave it at 1",
+    ),
+}
+ROUND_OPTIONS: tuple[str, ...] = tuple(_ROUND_OPTIONS)
+
+
+def uses_cuda(accelerator: str | None = None) -> bool:
+    """Whether a Trainer with this ``accelerator`` (``None``: ``"auto"``) runs on a CUDA GPU here."""
+    return torch.cuda.is_available() and str(accelerator or "auto") in ("auto", "gpu", "cuda")
+
+
+def default_precision(accelerator: str | None = None) -> str:
+    """The precision of a run that does not choose one: mixed precision on a GPU, plain float32 on the CPU.
+
+    Args:
+        accelerator: the Trainer's ``accelerator`` (``None``: ``"auto"``).
+
+    Returns:
+        ``"bf16-mixed"`` on a GPU that supports bfloat16, ``"16-mixed"`` on another GPU, ``"32-true"`` otherwise.
+    """
+    if not uses_cuda(accelerator):
+        return "32-true"
+    return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
+
+
+def check_precision(precision: str | int, on_cpu: bool, exact_steps_method: str | None = None) -> None:
+    """Refuse a precision the device or the method cannot train with.
+
+    Args:
+        precision: the Trainer's ``precision`` (``"16-mixed"``, ``32``, ...).
+        on_cpu: whether the run trains on the CPU (then only :data:`CPU_PRECISIONS`).
+        exact_steps_method: the method's name when the method counts its local steps (SCAFFOLD, FedNova, ...):
+            16-mixed's gradient scaler can skip a step, so it is refused.
+
+    Raises:
+        ValueError: one line saying which precision to use instead.
+    """
+    precision = str(precision)
+    if on_cpu and precision not in CPU_PRECISIONS:
+        raise ValueError(
+            f"trainer option precision={precision!r} needs a CUDA GPU; on the CPU use --trainer.precision 32-true "
+            "(or 64-true, bf16-mixed)"
+        )
+    if exact_steps_method is not None and precision in SCALED_PRECISIONS:
+        raise ValueError(
+            f"{exact_steps_method} counts local steps, and 16-mixed's gradient scaler can skip some; "
+            "use --trainer.precision bf16-mixed or 32-true"
+        )
+
+
+def check_round_options(options: Mapping[str, Any]) -> None:
+    """Refuse Trainer options that would cut rounds short or change what a batch is.
+
+    Args:
+        options: Trainer settings by name, e.g. the keyword arguments of ``L.Trainer`` or
+            :func:`trainer_round_options` of a built one; names other than :data:`ROUND_OPTIONS` are ignored.
+
+    Raises:
+        ValueError: ``trainer option <name>=<value> is not supported: <why>; <what to use instead>``, for the first
+            refused option in the order of :data:`ROUND_OPTIONS`.
+    """
+    for key, (allowed, why) in _ROUND_OPTIONS.items():
+        if key in options and not allowed(options[key]):
+            raise ValueError(f"trainer option {key}={options[key]!r} is not supported: {why}")
+
+
+def trainer_round_options(trainer: L.Trainer) -> dict[str, Any]:
+    """The settings :func:`check_round_options` checks, as a built Trainer holds them.
+
+    Lightning normalises them when the Trainer is built: ``fast_dev_run=True`` also sets ``limit_train_batches`` and
+    ``max_steps`` to 1, ``overfit_batches`` sets ``limit_train_batches``; the order of the result names the option
+    that was given (``fast_dev_run`` first).
+    """
+    return {
+        "fast_dev_run": trainer.fast_dev_run,
+        "overfit_batches": trainer.overfit_batches,
+        "limit_train_batches": trainer.limit_train_batches,
+        "max_steps": trainer.max_steps,
+        "accumulate_grad_batches": trainer.accumulate_grad_batches,
+    }
+
+
+def check_trainer(trainer: L.Trainer, exact_steps_method: str | None = None) -> None:
+    """The fit-time rules on a built Trainer: no option that cuts rounds, a precision its device and method can use.
+
+    Args:
+        trainer: the Trainer, set up for fit (its strategy knows the device).
+        exact_steps_method: see :func:`check_precision`.
+    """
+    check_round_options(trainer_round_options(trainer))
+    check_precision(str(trainer.precision), trainer.strategy.root_device.type == "cpu", exact_steps_method)
+
+
+def check_datamodule(datamodule: Any) -> FederatedDataModule:
+    """The Trainer's datamodule, if it is a :class:`~fl_lightning.FederatedDataModule` (which plans the rounds)."""
+    if not isinstance(datamodule, FederatedDataModule):
+        raise TypeError(
+            f"the Federation callback needs a FederatedDataModule, got {type(datamodule).__name__}; "
+            "pass datamodule=FederatedDataModule(...) to trainer.fit"
+        )
+    return datamodule
+
+
+def check_pieces(
+    trainer: L.Trainer, module: L.LightningModule, datamodule: FederatedDataModule, holdout_needed: int = 0
+) -> None:
+    """The module, the data and the processes fit together (called by the Federation callback at setup).
+
+    Args:
+        trainer: the Trainer.
+        module: the LightningModule; a method (``FedAvg`` or a subclass) trains a whole client per batch.
+        datamodule: the data, set up for fit.
+        holdout_needed: server holdout samples per class the method needs.
+    """
+    name = getattr(module, "method_name", type(module).__name__)
+    if trainer.world_size > 1 and not isinstance(module, FedAvg):
+        raise TypeError(
+            f"several processes need an fl_lightning method (FedAvg or a subclass); {type(module).__name__} "
+            "trains per-step batches, which cannot be padded to keep processes in step: use one device"
+        )
+    if datamodule.holdout_per_class < holdout_needed:
+        raise ValueError(
+            f"{name} needs {holdout_needed} server holdout samples per class; "
+            f"set --data.holdout_per_class {holdout_needed} (it is {datamodule.holdout_per_class})"
+        )
+    if getattr(module, "num_classes", datamodule.num_classes) != datamodule.num_classes:
+        raise ValueError(
+            f"the model predicts {module.num_classes} classes but {datamodule.dataset} has {datamodule.num_classes}"
+        )
+    sizes = datamodule.client_sizes
+    if datamodule.drop_last and min(sizes) < datamodule.batch_size:
+        raise ValueError(
+            f"with drop_last, clients smaller than one batch never train (smallest client {min(sizes)} "
+            f"samples, batch size {datamodule.batch_size}); set --data.drop_last false or a smaller --data.batch_size"
+        )
+
+
+def check_max_epochs(max_epochs: int | None, rounds: int) -> int:
+    """The Trainer's ``max_epochs`` for a run of ``rounds`` rounds: one epoch is one round.
+
+    Args:
+        max_epochs: what the Trainer was given; ``None`` and ``-1`` mean unset.
+        rounds: the federation's rounds.
+
+    Returns:
+        ``rounds``.
+
+    Raises:
+        ValueError: ``max_epochs`` is set to another number.
+    """
+    if max_epochs not in (None, -1, rounds):
+        raise ValueError(
+            f"max_epochs={max_epochs} conflicts with rounds={rounds}: one epoch is one round; "
+            "leave max_epochs unset or use --federation.rounds"
+        )
+    return rounds
+
+
+def checkpoint_dir(default_root_dir: str | os.PathLike) -> Path:
+    """Where a run's checkpoints live, so that ``ckpt_path="last"`` (``--ckpt_path last``) finds them."""
+    return Path(default_root_dir) / "checkpoints"
+
+
+def prepare_trainer(trainer: L.Trainer, rounds: int) -> None:
+    """Make a Trainer run ``rounds`` rounds and keep its checkpoints in the run directory.
+
+    Call it before Lightning reads ``max_epochs`` or resolves ``ckpt_path="last"`` (the Federation callback does,
+    when the datamodule is attached; the CLI when it builds the Trainer). It refuses the options that cut rounds
+    (:func:`check_round_options`), sets ``max_epochs`` to the rounds (:func:`check_max_epochs`; Lightning's own
+    default, 1000 once a fit has started, counts as unset), and points every ``ModelCheckpoint`` without a
+    ``dirpath`` at :func:`checkpoint_dir`, with ``save_last`` on unless it was chosen.
+    """
+    check_round_options(trainer_round_options(trainer))
+    max_epochs = trainer.fit_loop.max_epochs
+    if max_epochs == LIGHTNING_DEFAULT_MAX_EPOCHS:
+        max_epochs = None
+    trainer.fit_loop.max_epochs = check_max_epochs(max_epochs, rounds)
+    for callback in trainer.checkpoint_callbacks:
+        if isinstance(callback, ModelCheckpoint) and callback.dirpath is None:
+            callback.dirpath = str(checkpoint_dir(trainer.default_root_dir))
+            if callback.save_last is None:
+                callback.save_last = True

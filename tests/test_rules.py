@@ -1,0 +1,193 @@
+"""The trainer rules of fl_lightning.rules, on values and on bare Trainer objects (nothing is fit)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from fl_lightning import rules
+
+
+def bare(tmp_path: Path, **kwargs) -> L.Trainer:
+    defaults = {"accelerator": "cpu", "logger": False, "enable_progress_bar": False, "default_root_dir": str(tmp_path)}
+    return L.Trainer(**{**defaults, **kwargs})
+
+
+# ---- precision ----------------------------------------------------------------------------------------------------
+
+
+def test_default_precision_on_the_cpu():
+    assert rules.default_precision("cpu") == "32-true"
+    if not torch.cuda.is_available():
+        assert rules.default_precision() == "32-true" and rules.default_precision("auto") == "32-true"
+
+
+def test_default_precision_on_a_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    assert rules.default_precision() == rules.default_precision("gpu") == "bf16-mixed"
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
+    assert rules.default_precision("cuda") == "16-mixed"
+    assert rules.default_precision("cpu") == "32-true"
+
+
+@pytest.mark.parametrize("precision", ["32-true", "32", 32, "64-true", "64", 64, "bf16-mixed"])
+def test_cpu_precisions_pass(precision):
+    rules.check_precision(precision, on_cpu=True)
+
+
+@pytest.mark.parametrize("precision", ["16-mixed", "16", 16, "16-true", "transformer-engine", "bf16-true"])
+def test_half_precision_on_the_cpu_is_refused(precision):
+    with pytest.raises(ValueError) as err:
+        rules.check_precision(precision, on_cpu=True)
+    assert str(err.value) == (
+        f"trainer option precision='{precision}' needs a CUDA GPU; on the CPU use --trainer.precision 32-true "
+        "(or 64-true, bf16-mixed)"
+    )
+
+
+def test_16_mixed_on_a_gpu_passes_unless_the_method_counts_steps():
+    rules.check_precision("16-mixed", on_cpu=False)
+    rules.check_precision("bf16-mixed", on_cpu=False, exact_steps_method="scaffold")
+    with pytest.raises(ValueError, match="scaffold counts local steps, and 16-mixed's gradient scaler can skip some"):
+        rules.check_precision("16-mixed", on_cpu=False, exact_steps_method="scaffold")
+
+
+def test_check_trainer_reads_precision_and_device(tmp_path):
+    rules.check_trainer(bare(tmp_path, precision="32-true"), exact_steps_method="fednova")
+    with pytest.raises(ValueError, match="trainer option accumulate_grad_batches=4 is not supported"):
+        rules.check_trainer(bare(tmp_path, accumulate_grad_batches=4))
+
+
+# ---- options that cut rounds --------------------------------------------------------------------------------------
+
+
+def test_defaults_pass(tmp_path):
+    rules.check_round_options({})
+    rules.check_round_options(
+        {
+            "fast_dev_run": False,
+            "limit_train_batches": 1.0,
+            "max_steps": -1,
+            "overfit_batches": 0.0,
+            "accumulate_grad_batches": 1,
+            "max_epochs": 5,  # not a round option: ignored here
+        }
+    )
+    rules.check_round_options({key: None for key in rules.ROUND_OPTIONS})
+    rules.check_round_options(rules.trainer_round_options(bare(tmp_path)))
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("fast_dev_run", True),
+        ("fast_dev_run", 3),
+        ("limit_train_batches", 0.5),
+        ("limit_train_batches", 2),
+        ("limit_train_batches", 1),  # an int counts batches: one batch, one client
+        ("max_steps", 10),
+        ("overfit_batches", 2),
+        ("overfit_batches", 0.1),
+    ],
+)
+def test_options_that_cut_rounds_are_refused(key, value):
+    message = (
+        f"trainer option {key}={value!r} is not supported: a round trains every sampled client for its local "
+        "epochs, so it would cut rounds short; for a quick run use --federation.rounds 1 --data.num_clients 2 "
+        "(or --federation.sample_ratio to train fewer clients per round)"
+    )
+    with pytest.raises(ValueError) as err:
+        rules.check_round_options({key: value})
+    assert str(err.value) == message
+
+
+def test_accumulating_batches_is_refused():
+    with pytest.raises(ValueError, match=r"^trainer option accumulate_grad_batches=2 is not supported: every local"):
+        rules.check_round_options({"accumulate_grad_batches": 2})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"fast_dev_run": True}, "fast_dev_run=True"),  # also sets limit_train_batches and max_steps to 1
+        ({"fast_dev_run": 2}, "fast_dev_run=2"),
+        ({"limit_train_batches": 3}, "limit_train_batches=3"),
+        ({"limit_train_batches": 1}, "limit_train_batches=1"),
+        ({"limit_train_batches": 0.25}, "limit_train_batches=0.25"),
+        ({"max_steps": 7}, "max_steps=7"),
+        ({"overfit_batches": 2}, "overfit_batches=2"),  # also sets limit_train_batches
+        ({"accumulate_grad_batches": 3}, "accumulate_grad_batches=3"),
+    ],
+)
+def test_a_built_trainer_gets_the_same_refusal(tmp_path, kwargs, named):
+    trainer = bare(tmp_path, **kwargs)
+    with pytest.raises(ValueError, match=f"^trainer option {named} is not supported"):
+        rules.check_round_options(rules.trainer_round_options(trainer))
+    with pytest.raises(ValueError, match=f"^trainer option {named} is not supported"):
+        rules.prepare_trainer(trainer, rounds=5)
+
+
+# ---- max_epochs and rounds ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("max_epochs", [None, -1, 5])
+def test_max_epochs_unset_or_equal_is_the_rounds(max_epochs):
+    assert rules.check_max_epochs(max_epochs, rounds=5) == 5
+
+
+@pytest.mark.parametrize("max_epochs", [7, 1, 0])
+def test_max_epochs_other_than_the_rounds_is_refused(max_epochs):
+    with pytest.raises(ValueError) as err:
+        rules.check_max_epochs(max_epochs, rounds=5)
+    assert str(err.value) == (
+        f"max_epochs={max_epochs} conflicts with rounds=5: one epoch is one round; leave max_epochs unset or use "
+        "--federation.rounds"
+    )
+
+
+@pytest.mark.parametrize("max_epochs", [None, 5, -1])
+def test_prepare_trainer_sets_the_rounds(tmp_path, max_epochs):
+    trainer = bare(tmp_path, max_epochs=max_epochs)
+    rules.prepare_trainer(trainer, rounds=5)
+    assert trainer.max_epochs == trainer.fit_loop.max_epochs == 5
+
+
+def test_prepare_trainer_takes_lightnings_own_default_for_unset(tmp_path):
+    trainer = bare(tmp_path)
+    trainer.fit_loop.max_epochs = rules.LIGHTNING_DEFAULT_MAX_EPOCHS  # what a started fit makes of max_epochs=None
+    rules.prepare_trainer(trainer, rounds=3)
+    assert trainer.max_epochs == 3
+
+
+def test_prepare_trainer_refuses_other_max_epochs(tmp_path):
+    with pytest.raises(ValueError, match="max_epochs=7 conflicts with rounds=5"):
+        rules.prepare_trainer(bare(tmp_path, max_epochs=7), rounds=5)
+
+
+# ---- checkpoints --------------------------------------------------------------------------------------------------
+
+
+def test_checkpoint_dir(tmp_path):
+    assert rules.checkpoint_dir(tmp_path) == tmp_path / "checkpoints"
+    assert rules.checkpoint_dir("runs/x") == Path("runs/x/checkpoints")
+
+
+def test_prepare_trainer_puts_checkpoints_in_the_run_directory(tmp_path):
+    trainer = bare(tmp_path / "run")  # enable_checkpointing's default ModelCheckpoint: no dirpath, save_last None
+    rules.prepare_trainer(trainer, rounds=2)
+    (default,) = trainer.checkpoint_callbacks
+    assert Path(default.dirpath) == tmp_path / "run" / "checkpoints" and default.save_last is True
+
+
+def test_prepare_trainer_keeps_a_chosen_folder_and_save_last(tmp_path):
+    own = ModelCheckpoint(dirpath=tmp_path / "elsewhere", save_top_k=0)
+    rules.prepare_trainer(bare(tmp_path / "run", callbacks=[own]), rounds=2)
+    assert Path(own.dirpath) == tmp_path / "elsewhere" and own.save_last is None
+    chosen = ModelCheckpoint(save_last=False, save_top_k=1)
+    rules.prepare_trainer(bare(tmp_path / "run", callbacks=[chosen]), rounds=2)
+    assert Path(chosen.dirpath) == tmp_path / "run" / "checkpoints" and chosen.save_last is False
