@@ -1,11 +1,15 @@
-"""Batched image augmentation on tensors, on whatever device the batch lives (no per-sample PIL path)."""
+"""Batched image augmentation on tensors, on whatever device the batch lives (no per-sample PIL path).
+
+:class:`BatchTransform` turns a datamodule's raw batches into training and evaluation inputs; its deterministic part,
+:class:`InputNormalization`, is what a trained model carries to take raw inputs.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 
 def random_crop(x: Tensor, padding: int, generator: torch.Generator | None = None) -> Tensor:
@@ -103,3 +107,84 @@ class BatchTransform:
         if train and self.cutout_size > 0:
             out = cutout(out, self.cutout_size)
         return out
+
+
+class InputNormalization(nn.Module):
+    """A model's input normalisation: raw inputs (as stored, e.g. uint8 images) → what its network was trained on.
+
+    The deterministic part of :class:`BatchTransform` as a module: uint8 → float in [0, 1] (other dtypes → float as
+    they are), then ``(x - mean) / std``, with the same arithmetic, so that a trained model carries it (``FedAvg``
+    holds one, filled from the datamodule at fit start and saved in its checkpoints). ``mean`` and ``std`` are
+    non-persistent buffers: they move and export with the module but stay out of ``state_dict()``, which the
+    federation averages and loads into every client. Without statistics it only converts to float.
+
+    Args:
+        mean: the mean, shaped to broadcast against a batch (``[1, C, 1, 1]`` for images, ``[1, D]`` for feature
+            vectors), on the scale after the uint8 → [0, 1] conversion; ``None``: no standardisation.
+        std: the standard deviations, shaped as ``mean``.
+
+    >>> norm = InputNormalization(torch.tensor([0.5]), torch.tensor([0.25]))
+    >>> norm(torch.tensor([[0, 255]], dtype=torch.uint8))
+    tensor([[-2.,  2.]])
+    """
+
+    def __init__(self, mean: Tensor | None = None, std: Tensor | None = None) -> None:
+        super().__init__()
+        self.register_buffer("mean", None, persistent=False)
+        self.register_buffer("std", None, persistent=False)
+        self.set_stats(mean, std)
+
+    def set_stats(self, mean: Tensor | None, std: Tensor | None, device: torch.device | str | None = None) -> None:
+        """Use ``mean`` and ``std`` (copied as float32 to ``device``, default: where they are), or none."""
+        if (mean is None) != (std is None):
+            raise ValueError("give both mean and std, or neither")
+        self.mean = None if mean is None else mean.detach().to(device=device, dtype=torch.float32, copy=True)
+        self.std = None if std is None else std.detach().to(device=device, dtype=torch.float32, copy=True)
+
+    def copy_from(self, transform: BatchTransform, device: torch.device | str | None = None) -> None:
+        """Take the normalisation of a datamodule's :class:`BatchTransform` (its augmentation is not part of it)."""
+        self.set_stats(transform.mean, transform.std, device)
+
+    def stats(self) -> dict[str, Tensor | None]:
+        """``mean`` and ``std`` on the CPU (``None`` without statistics), as checkpoints store them."""
+        return {k: None if v is None else v.detach().cpu() for k, v in (("mean", self.mean), ("std", self.std))}
+
+    def forward(self, x: Tensor) -> Tensor:
+        """A raw batch as the network's input: float, standardised."""
+        out = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
+        mean, std = self.mean, self.std
+        if mean is not None and std is not None:
+            out = (out - mean) / std
+        return out
+
+
+def input_stats(chunks: Iterable[Tensor], image: bool) -> tuple[list[float], list[float]]:
+    """Mean and (population) standard deviation of the inputs, per channel (images), per feature (vectors) or overall.
+
+    uint8 inputs are measured on the [0, 1] scale they are trained on (summed on their integer scale, exactly in
+    float64, and divided by 255 at the end), other dtypes on their own scale; a zero standard deviation becomes 1.
+    The one definition for the built-in datasets and a user's data.
+
+    >>> mean, std = input_stats([torch.tensor([[[[0, 255]]]], dtype=torch.uint8)], image=True)
+    >>> mean, std
+    ([0.5], [0.5])
+    """
+    total = total_sq = None
+    count = 0
+    uint8 = False
+    for x in chunks:
+        uint8 = x.dtype == torch.uint8
+        part = x.to(torch.float64)
+        dims = (0, 2, 3) if image else (0,) if part.ndim == 2 else tuple(range(part.ndim))
+        s, sq = part.sum(dim=dims), part.square().sum(dim=dims)
+        total = s if total is None else total + s
+        total_sq = sq if total_sq is None else total_sq + sq
+        count += part.numel() // max(1, s.numel())
+    if total is None or total_sq is None or count == 0:
+        raise ValueError("no training inputs to compute normalisation statistics from")
+    mean = total / count
+    std = (total_sq / count - mean.square()).clamp_min(0).sqrt()
+    if uint8:
+        mean, std = mean / 255.0, std / 255.0
+    std = torch.where(std > 0, std, torch.ones_like(std))
+    return mean.reshape(-1).tolist(), std.reshape(-1).tolist()

@@ -1,17 +1,23 @@
 """The command line: ``python cli.py fit --config configs/<name>.yaml`` (LightningCLI) or ``python cli.py compare``.
 
-``fit``/``validate``/``test`` go to fl_lightning's LightningCLI (:mod:`fl_lightning.lightning_cli`), ``compare`` to
+``fit``/``test`` go to fl_lightning's LightningCLI (:mod:`fl_lightning.lightning_cli`), ``compare`` to
 :mod:`fl_lightning.compare`; this module turns how they end into an exit code and a one-line message.
 
 Exit codes: 0 completed, 1 failed (an error during the run), 2 bad input or a refused run directory, 3 diverged,
 4 interrupted (Ctrl-C, SIGTERM). An error prints one line ``error: ...``; ``--debug`` (or ``FL_LIGHTNING_DEBUG=1``)
-shows the traceback instead.
+shows the traceback instead. A signal at any moment ends the command with one status and its exit code: before
+training starts nothing is recorded (4), during the rounds the run is ``interrupted`` (4), and once the run has ended
+(the final files are written with signals held) its own status stands.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
+import re
+import signal
 import sys
+import threading
 import traceback
 from pathlib import Path
 
@@ -19,8 +25,8 @@ import yaml
 from jsonargparse import ArgumentError
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
-from fl_lightning import compare
-from fl_lightning.lightning_cli import RUNNING, cli_main, resolve_config
+from fl_lightning import __version__, compare, shipped_configs
+from fl_lightning.lightning_cli import RUNNING, SUBCOMMAND_HELP, cli_main, resolve_config
 
 __all__ = ["EXIT_CODES", "cli_main", "main", "one_line", "resolve_config", "run"]
 
@@ -32,9 +38,15 @@ _FLAGS = ("--debug", "--overwrite")
 def one_line(err: BaseException) -> str:
     """An exception as one line: its first line, with a parser's key and reason joined."""
     text = str(err).strip() or type(err).__name__
+    class_path = _class_path_reason(text)
+    if class_path is not None:
+        return class_path
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     union = next((i for i, ln in enumerate(lines) if ln.startswith("Does not validate against any of the Union")), None)
     if union is not None:
+        nested = _class_argument_reason(text)
+        if nested is not None:
+            return nested
         # jsonargparse wraps the class's own error among one line per union member; keep the class's.
         key = _parser_line(lines[:union]) if union else ""
         for i, ln in enumerate(lines[union:], union):
@@ -56,6 +68,83 @@ def one_line(err: BaseException) -> str:
     return lines[0]
 
 
+def _class_path_reason(text: str) -> str | None:
+    """A class path that cannot be used for an option (``--model mypkg.MyModule``) as ``--<key>: <the real reason>``.
+
+    jsonargparse first tries the value as a config file ("Expected a path but ... either not accessible or invalid")
+    and puts the real reason below it: the class does not import, or it is not a subclass of the option's base class.
+    Only a class path given to the option itself is handled here; one among a class's arguments is
+    :func:`_class_argument_reason`'s. None when the error is not about such a class path.
+    """
+    if len(re.findall(r'Parser key "', text)) != 1 or not text.startswith("Parser key"):
+        return None
+    key = text.split('"')[1]
+    wrong = re.search(r"Import path (?:(\S+) )?does not correspond to a subclass of (\w+)", text)
+    if wrong is not None:
+        given = re.search(r"^\s*Given value: (\S+)\s*$", text, re.M)
+        path = wrong.group(1) or (given.group(1) if given else "the class")
+        return f"--{key}: {path} is not a {wrong.group(2)}"
+    problem = re.search(r"Problem with given class_path '([^']+)'", text)
+    reason = _import_error(problem.group(1)) if problem is not None else None
+    return f"--{key}: cannot import {problem.group(1)}: {reason}" if problem is not None and reason else None
+
+
+def _import_error(class_path: str) -> str | None:
+    """Why ``class_path`` (``package.module.Class``) cannot be imported, in one line; None when it can."""
+    module, _, name = class_path.rpartition(".")
+    try:
+        getattr(importlib.import_module(module), name)
+    except Exception as err:  # whatever the user's module raises on import is the reason
+        return (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return None
+
+
+def _class_argument_reason(text: str) -> str | None:
+    """A bad value among a class's arguments (``--model.lr abc``), at any depth, as ``--<key>: <reason>``.
+
+    jsonargparse nests the reason under the class's key, its class path and the argument's key, indented; the keys
+    on the way make the option's name and the innermost line is the reason. None when the error is not about a
+    class's arguments.
+    """
+    nodes: list[tuple[str, list]] = []
+    stack: list[tuple[int, list]] = [(-1, nodes)]
+    for raw in text.splitlines():
+        if not raw.strip():
+            continue
+        indent = len(raw) - len(raw.lstrip())
+        node: tuple[str, list] = (raw.strip(), [])
+        while stack[-1][0] >= indent:
+            stack.pop()
+        stack[-1][1].append(node)
+        stack.append((indent, node[1]))
+    keys: list[str] = []
+    through_class: list[bool] = []
+
+    def innermost(level: list[tuple[str, list]]) -> str | None:
+        for line, children in level:
+            line = line[2:] if line.startswith("- ") else line
+            if line.startswith("Parser key") and '"' in line:
+                keys.append(line.split('"')[1])
+                rest = line.split('":', 1)[1].strip() if '":' in line else ""
+                return rest or innermost(children)
+            if line.startswith("Problem with given class_path"):
+                through_class.append(True)
+                return innermost(children) or line
+            if line == "Errors:":
+                real = [b for b in children if not re.fullmatch(r"(- )?Expected a <class '[^']*'>", b[0])]
+                return innermost(real[:1]) if real else None
+            if line.startswith(("Subtypes:", "Given value", "Does not validate against any of the Union")):
+                continue
+            return line
+        return None
+
+    reason = innermost(nodes)
+    if not through_class or reason is None or not keys:
+        return None
+    reason = re.sub(r"^Expected a <class '([^']*)'>\. Got value: (.*)$", r"expected \1, got '\2'", reason)
+    return f"--{'.'.join(keys)}: {reason}"
+
+
 def _parser_line(lines: list[str]) -> str:
     """A jsonargparse error (key line, then nested reasons) as ``<key>: <first reason>``."""
     first = lines[0]
@@ -70,17 +159,54 @@ def _parser_line(lines: list[str]) -> str:
     return first
 
 
+def _summary_file() -> Path | None:
+    run_dir = RUNNING.get("run_dir")
+    return Path(run_dir) / "summary.json" if run_dir is not None else None
+
+
+def _summary_stamp() -> tuple[int, int] | None:
+    """When and how big the fit's ``summary.json`` is (None when absent): tells this fit's summary from an older one."""
+    try:
+        stat = _summary_file().stat()  # type: ignore[union-attr]
+    except (AttributeError, OSError):
+        return None
+    return stat.st_mtime_ns, stat.st_size
+
+
+def _run_status() -> str | None:
+    """The status in the fit's ``summary.json`` (None when it has none)."""
+    summary = _summary_file()
+    if summary is None or not summary.exists():
+        return None
+    try:
+        return str(yaml.safe_load(summary.read_text()).get("status"))
+    except (OSError, yaml.YAMLError, AttributeError):
+        return None
+
+
 def _exit_code_of_run() -> int:
     """The exit code that the finished fit's ``summary.json`` status calls for."""
-    run_dir = RUNNING.get("run_dir")
-    summary = Path(run_dir) / "summary.json" if run_dir is not None else None
-    if summary is None or not summary.exists():
-        return EXIT_CODES["failed"]
-    try:
-        status = str(yaml.safe_load(summary.read_text()).get("status"))
-    except (OSError, yaml.YAMLError, AttributeError):
-        return EXIT_CODES["failed"]
-    return EXIT_CODES.get(status, EXIT_CODES["failed"])
+    return EXIT_CODES.get(_run_status() or "failed", EXIT_CODES["failed"])
+
+
+def _stopped(how: str) -> int:
+    """The exit code, and its line, of a fit stopped by a signal (``how``: "stopped by SIGTERM", "interrupted")."""
+    status = _run_status() if RUNNING.get("fitting") and _summary_stamp() != RUNNING.get("summary_stamp") else None
+    if status in ("completed", "failed", "diverged"):
+        return EXIT_CODES[status]  # the run had ended, and said so, before the signal took effect
+    if status is None:
+        message = f"{how} before training started; nothing was recorded: run the same command again"
+        return _error(message, EXIT_CODES["interrupted"])
+    return _error(f"{how}; resume the run with --ckpt_path last", EXIT_CODES["interrupted"])
+
+
+def _raise_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM outside the training loop (start-up, the end) stops the command like Ctrl-C.
+
+    During the rounds Lightning's own handler, which calls this one too, stops the fit at the end of the step.
+    """
+    if signal.getsignal(signal.SIGTERM) is _raise_sigterm:
+        raise SIGTERMException()
 
 
 def _error(message: str, code: int) -> int:
@@ -89,21 +215,24 @@ def _error(message: str, code: int) -> int:
 
 
 def run(args: list[str], overwrite: bool = False, debug: bool = False) -> int:
-    """Run ``fit``/``validate``/``test`` and return the process exit code (:data:`EXIT_CODES`)."""
-    RUNNING.update(run_dir=None, fitting=False)
+    """Run ``fit``/``test`` and return the process exit code (:data:`EXIT_CODES`)."""
+    RUNNING.update(run_dir=None, fitting=False, summary_stamp=None)
+    main_thread = threading.current_thread() is threading.main_thread()
+    # Lightning ignores Ctrl-C while it shuts a fit down and may leave it so: restored, with SIGTERM, at the end.
+    previous = (signal.getsignal(signal.SIGINT), signal.signal(signal.SIGTERM, _raise_sigterm)) if main_thread else None
     try:
         cli = cli_main(args, overwrite=overwrite)
     except SIGTERMException:
         if debug:
             traceback.print_exc()
-        return _error("stopped by SIGTERM; resume the run with --ckpt_path last", EXIT_CODES["interrupted"])
+        return _stopped("stopped by SIGTERM")
     except KeyboardInterrupt:
-        return _error("interrupted before training started", EXIT_CODES["interrupted"])
+        return _stopped("interrupted")
     except SystemExit as stop:
         if stop.code in (0, None):
             return 0  # --help, --print_config
         if RUNNING["fitting"]:  # Lightning turns Ctrl-C into exit(1) after recording the run
-            return _error("interrupted; resume the run with --ckpt_path last", EXIT_CODES["interrupted"])
+            return _stopped("interrupted")
         return int(stop.code) if isinstance(stop.code, int) else 1
     except (ArgumentError, ValueError, TypeError, FileNotFoundError, MisconfigurationException) as err:
         if debug:
@@ -113,13 +242,50 @@ def run(args: list[str], overwrite: bool = False, debug: bool = False) -> int:
         if debug:
             raise
         return _error(f"{type(err).__name__}: {one_line(err)}", EXIT_CODES["failed"])
+    finally:
+        if previous is not None:
+            for signum, handler in zip((signal.SIGINT, signal.SIGTERM), previous, strict=True):
+                signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
     if cli.subcommand != "fit":
         return 0
     return _exit_code_of_run()
 
 
+#: Every command of ``fl-lightning``, with what it does (``fl-lightning --help``).
+COMMANDS = {
+    **SUBCOMMAND_HELP,
+    "compare": "Run methods x seeds x settings from a YAML (each an ordinary fit) and write the papers' tables and "
+    "plots.",
+    "configs": "List the configs that ship with fl_lightning, print one, or copy them into a folder to edit.",
+}
+
+
+def usage() -> str:
+    """``fl-lightning --help``: every command with a line saying what it does."""
+    width = max(map(len, COMMANDS))
+    lines = [
+        f"usage: fl-lightning {{{','.join(COMMANDS)}}} ...",
+        "",
+        "fl_lightning: federated learning on non-IID data with PyTorch Lightning.",
+        "",
+        "commands:",
+        *(f"  {name:<{width}}  {text}" for name, text in COMMANDS.items()),
+        "",
+        "Run `fl-lightning <command> --help` for a command's options. For example:",
+        "  fl-lightning fit --config quickstart                      # FedAvg on digits, no download",
+        "  fl-lightning fit --config quickstart --model fedntd --federation.rounds 5",
+        "  fl-lightning compare --config compare/fmnist_shard2_seeds --dry-run",
+        "  fl-lightning configs                                      # the shipped configs, by name",
+        "--debug (anywhere) shows the traceback of an error; --overwrite replaces a finished run (fit).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> None:
-    """``fit``/``validate``/``test`` go to LightningCLI; ``compare`` runs a comparison (fl_lightning.compare).
+    """Run one command: ``fit``/``test`` (LightningCLI), ``compare`` or ``configs``; else print :func:`usage`.
+
+    ``compare`` runs a comparison (fl_lightning.compare), ``configs`` lists the shipped configs
+    (fl_lightning.shipped_configs); nothing, ``-h`` or ``--help`` prints :func:`usage`.
 
     ``--debug`` (anywhere) or ``FL_LIGHTNING_DEBUG=1`` shows tracebacks; ``--overwrite`` replaces a finished run.
     """
@@ -127,6 +293,19 @@ def main(argv: list[str] | None = None) -> None:
     debug = "--debug" in args or os.environ.get("FL_LIGHTNING_DEBUG", "") not in ("", "0")
     overwrite = "--overwrite" in args
     args = [a for a in args if a not in _FLAGS]
+    if not args or args[0] in ("-h", "--help", "help"):
+        sys.stdout.write(usage())
+        sys.exit(0)
+    if args[0] == "--version":
+        print(f"fl_lightning {__version__}")
+        sys.exit(0)
+    if args[0] == "configs":
+        try:
+            sys.exit(shipped_configs.main(args[1:]))
+        except FileNotFoundError as err:
+            if debug:
+                raise
+            sys.exit(_error(one_line(err), EXIT_CODES["bad input"]))
     if args and args[0] == "compare":
         try:
             sys.exit(compare.main(args[1:]))
@@ -134,6 +313,11 @@ def main(argv: list[str] | None = None) -> None:
             if debug:
                 raise
             sys.exit(_error(one_line(err), EXIT_CODES["bad input"]))
+        except KeyboardInterrupt:
+            if debug:
+                raise
+            message = "compare interrupted; run the same command again to continue (finished runs are kept)"
+            sys.exit(_error(message, EXIT_CODES["interrupted"]))
     sys.exit(run(args, overwrite=overwrite, debug=debug))
 
 

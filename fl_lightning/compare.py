@@ -26,8 +26,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -35,9 +37,19 @@ from pathlib import Path
 
 import yaml
 
+from fl_lightning import shipped_configs
 from fl_lightning.lightning_cli import resolve_config
 from fl_lightning.report import write_report
-from fl_lightning.rundir import has_results, read_config, read_summary, run_status, science_diff
+from fl_lightning.rundir import (
+    RunDirError,
+    claim_run_dir,
+    has_results,
+    read_config,
+    read_summary,
+    release_run_dir,
+    run_status,
+    science_diff,
+)
 
 _KEYS = {"name", "output_dir", "methods", "seeds", "settings", "overrides", "jobs", "baseline", "wandb", "smooth"}
 
@@ -110,7 +122,7 @@ class CompareSpec:
             raise ValueError(f"{path}: unknown key(s) {unknown}; the keys are {sorted(_KEYS)}")
         for setting, template in spec.settings.items():
             for method in spec.methods:
-                config = Path(template.format(method=method, setting=setting))
+                config = _setting_config(template, method, setting)
                 if not config.exists():
                     raise FileNotFoundError(f"{path}: setting {setting!r}, method {method!r}: no config {config}")
         return spec
@@ -126,13 +138,22 @@ class CompareSpec:
                 setting,
                 method,
                 seed,
-                Path(template.format(method=method, setting=setting)),
+                _setting_config(template, method, setting),
                 self.output_dir / setting / method / f"seed{seed}",
             )
             for setting, template in self.settings.items()
             for method in self.methods
             for seed in self.seeds
         ]
+
+
+def _setting_config(template: str, method: str, setting: str) -> Path:
+    """A setting's config for a method: the file the template names, else the shipped config of that name.
+
+    So the shipped comparisons' ``configs/{method}_...yaml`` work from a pip install, outside a checkout.
+    """
+    path = Path(template.format(method=method, setting=setting))
+    return path if path.exists() else shipped_configs.find_config(str(path)) or path
 
 
 @dataclass
@@ -146,13 +167,28 @@ class Run:
     run_dir: Path
 
     def state(self) -> str:
-        """``done`` (finished or diverged), ``partial`` (a checkpoint to resume) or ``new``, from its files alone."""
+        """``done`` (finished or diverged), ``partial`` (a checkpoint to resume or finish) or ``new``, from its files.
+
+        An unfinished run with a checkpoint resumes from it whatever stopped it (a signal, a kill, an error, a full
+        disk); one whose rounds are all done is finished from it (``fit --ckpt_path last`` writes what is missing).
+        """
         summary = read_summary(self.run_dir)
         if run_status(summary) in ("completed", "diverged"):
             return "done"
-        if (self.run_dir / "checkpoints" / "last.ckpt").exists() and run_status(summary) != "failed":
+        if (self.run_dir / "checkpoints" / "last.ckpt").exists():
             return "partial"
         return "new"
+
+    def in_use(self) -> str | None:
+        """Why another process is running this run now (its fit holds the run directory), else None."""
+        if not self.run_dir.is_dir():
+            return None
+        try:
+            claim_run_dir(self.run_dir)
+        except RunDirError as err:
+            return str(err).split(";")[0]
+        release_run_dir(self.run_dir)
+        return None
 
     def plan(self, spec: CompareSpec) -> tuple[str, str]:
         """What to do with the run: ``reuse``, ``resume``, ``new`` or ``rerun`` (replace it), and why.
@@ -239,37 +275,63 @@ def run_comparison(spec: CompareSpec, dry_run: bool = False, report_only: bool =
     threads = max(1, (os.cpu_count() or 1) // spec.jobs)
     started = time.time()
     finished = 0
+    fits: set[subprocess.Popen] = set()  # the fits running now, stopped with the comparison on Ctrl-C
+    stopping = threading.Event()
+    lock = threading.Lock()
 
-    def execute(run: Run) -> tuple[Run, int]:
+    def execute(run: Run) -> tuple[Run, int | str]:
         action = plans[run.run_dir][0]
         cmd = _command(spec, run, resume=action == "resume", overwrite=action == "rerun")
         if dry_run:
             print(" ".join(cmd))
             return run, 0
+        busy = run.in_use()
+        if busy is not None:  # another comparison (or fit) runs it now: never two fits in one run directory
+            return run, busy
         run.run_dir.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
         log_path = run.run_dir.parent / f"{run.run_dir.name}.stdout.log" if action == "rerun" else None
         with open(log_path or run.run_dir / "stdout.log", "a") as log:
-            code = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+            with lock:
+                if stopping.is_set():
+                    return run, "not started (the comparison was interrupted)"
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+                fits.add(proc)
+            code = proc.wait()
+            with lock:
+                fits.discard(proc)
         if log_path is not None and run.run_dir.is_dir():
             os.replace(log_path, run.run_dir / "stdout.log")
         return run, code
 
     failures = []
-    with ThreadPoolExecutor(max_workers=spec.jobs) as pool:
+    pool = ThreadPoolExecutor(max_workers=spec.jobs)
+    try:
         for run, code in pool.map(execute, todo):
             finished += 1
             summary = read_summary(run.run_dir) if not dry_run else None
-            state = run_status(summary) if summary else ("failed" if code else "no summary")
-            if code and not dry_run:
-                state += f" (exit code {code})"
+            if isinstance(code, str):
+                state = f"skipped: {code}"
+            else:
+                state = run_status(summary) if summary else ("failed" if code else "no summary")
+                if code and not dry_run:
+                    state += f" (exit code {code})"
             print(
                 f"[compare] {finished}/{len(todo)} {run.setting}/{run.method}/seed{run.seed}: {state} "
                 f"({time.time() - started:.0f}s elapsed)",
                 flush=True,
             )
-            if code:
+            if code not in (0, 3):  # a diverged run (exit code 3) is a result
                 failures.append(run)
+    except KeyboardInterrupt:
+        # Ctrl-C: start no other fit, stop those running (each records itself as interrupted), then end.
+        with lock:
+            stopping.set()
+            for proc in fits:
+                proc.send_signal(signal.SIGINT)
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
     report_dir = write_report(
         spec.name,
         spec.output_dir,
@@ -281,7 +343,10 @@ def run_comparison(spec: CompareSpec, dry_run: bool = False, report_only: bool =
         _log_report_to_wandb(spec, report_dir)
     if failures:
         names = ", ".join(f"{r.setting}/{r.method}/seed{r.seed}" for r in failures)
-        print(f"[compare] {len(failures)} run(s) failed: {names}; see their stdout.log, then run again to retry")
+        print(
+            f"[compare] {len(failures)} run(s) did not finish: {names}; see their stdout.log, then run again to retry",
+            flush=True,
+        )
     return report_dir
 
 
@@ -321,9 +386,12 @@ def main(argv: list[str] | None = None) -> int:
         help="run nothing: write the tables and plots from the runs that exist (unfinished ones are marked)",
     )
     args = parser.parse_args(argv)
-    spec = CompareSpec.from_yaml(args.config)
+    spec = CompareSpec.from_yaml(shipped_configs.resolve_config_arg(args.config))
     if args.jobs:
         spec.jobs = args.jobs
     out = run_comparison(spec, dry_run=args.dry_run, report_only=args.report_only)
     print(f"[compare] report: {out / 'results.md'}")
-    return 0
+    if args.dry_run or args.report_only:
+        return 0
+    # Exit code 1 when a run did not end completed or diverged (it failed, was refused, stopped or is in use).
+    return 0 if all(r.state() == "done" for r in spec.runs()) else 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -14,9 +15,10 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
-from fl_lightning.augment import BatchTransform
+from fl_lightning.augment import BatchTransform, InputNormalization, input_stats
 from fl_lightning.context import ClientContext, ServerContext
 from fl_lightning.datasets import DATASETS, ImageData, load_dataset
+from fl_lightning.evaluation import Evaluation, evaluate
 from fl_lightning.partitions import Given, Partitioner, class_counts, client_id_array, make_partitioner
 from fl_lightning.rounds import RoundPlan, RoundPlanner, client_steps, round_seed
 
@@ -54,20 +56,23 @@ class DataSource:
     #: Name recorded in results (``summary.json``'s ``dataset``); the class name when None.
     name: str | None = None
 
-    def load(self) -> tuple[Split, Split]:
-        """The training and test data, each a (inputs, labels) tensor pair or a dataset of (x, y) items."""
+    def load(self) -> tuple[Split, Split] | tuple[Split, Split, Split]:
+        """The training and test data, each a (inputs, labels) tensor pair or a dataset of (x, y) items.
+
+        A third item, if returned, is validation data for a module's ``validation_step`` (instead of the holdout).
+        """
         raise NotImplementedError(f"{type(self).__name__} must implement load() -> (train, test)")
 
 
 class GivenData(DataSource):
     """Data given in Python (what :meth:`FederatedDataModule.from_tensors` and ``from_datasets`` wrap)."""
 
-    def __init__(self, train: Split, test: Split, name: str) -> None:
-        self.train, self.test, self.name = train, test, name
+    def __init__(self, train: Split, test: Split, name: str, val: Split | None = None) -> None:
+        self.train, self.test, self.name, self.val = train, test, name, val
 
-    def load(self) -> tuple[Split, Split]:
-        """The training and test data as given."""
-        return self.train, self.test
+    def load(self) -> tuple[Split, Split] | tuple[Split, Split, Split]:
+        """The training, test (and validation) data as given."""
+        return (self.train, self.test) if self.val is None else (self.train, self.test, self.val)
 
 
 class DatasetReader:
@@ -334,31 +339,6 @@ def _as_labels(values: Any, what: str) -> Tensor:
     return y.long()
 
 
-def input_stats(chunks: Iterator[Tensor], image: bool) -> tuple[list[float], list[float]]:
-    """Mean and (population) standard deviation of the inputs, per channel (images), per feature (vectors) or overall.
-
-    uint8 inputs are measured on the [0, 1] scale they are trained on, other dtypes on their own scale; a zero
-    standard deviation becomes 1.
-    """
-    total = total_sq = None
-    count = 0
-    for x in chunks:
-        part = x.to(torch.float64)
-        if x.dtype == torch.uint8:
-            part = part / 255.0
-        dims = (0, 2, 3) if image else (0,) if part.ndim == 2 else tuple(range(part.ndim))
-        s, sq = part.sum(dim=dims), part.square().sum(dim=dims)
-        total = s if total is None else total + s
-        total_sq = sq if total_sq is None else total_sq + sq
-        count += part.numel() // max(1, s.numel())
-    if total is None or total_sq is None or count == 0:
-        raise ValueError("no training inputs to compute normalisation statistics from")
-    mean = total / count
-    std = (total_sq / count - mean.square()).clamp_min(0).sqrt()
-    std = torch.where(std > 0, std, torch.ones_like(std))
-    return mean.reshape(-1).tolist(), std.reshape(-1).tolist()
-
-
 @dataclass
 class _Split:
     """A labelled set held as tensors (``x``) or read from a dataset (``reader``); ``y`` is always in memory."""
@@ -414,6 +394,19 @@ def _split(data: Split, what: str, in_memory: bool | None, num_workers: int, pin
         x, y_read = reader.read(range(len(y)))
         return _Split(y_read, x=x)
     return _Split(y, reader=reader)
+
+
+class _Inputs(Dataset):
+    """The inputs of a dataset of ``(x, y)`` items."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> Tensor:
+        return _item_input(self.dataset[index])
 
 
 def _first_input(split: _Split) -> Tensor:
@@ -558,6 +551,7 @@ class FederatedDataModule(L.LightningDataModule):
         self._source: DataSource | None = None
         self._train_all: _Split | None = None
         self._test: _Split | None = None
+        self._val: _Split | None = None  # the user's validation data, if any (else the holdout validates)
         self._client_ids: np.ndarray | None = None
         self.client_names: list[Any] = []
 
@@ -651,6 +645,7 @@ class FederatedDataModule(L.LightningDataModule):
         test_x: Tensor | np.ndarray,
         test_y: Tensor | np.ndarray,
         name: str = "tensors",
+        val: tuple[Tensor | np.ndarray, Tensor | np.ndarray] | None = None,
         **kwargs: Any,
     ) -> FederatedDataModule:
         """Federate data held in memory: inputs of any shape and dtype, one row per sample, integer labels.
@@ -663,13 +658,14 @@ class FederatedDataModule(L.LightningDataModule):
             test_x: test inputs.
             test_y: test labels.
             name: what results call the dataset.
+            val: validation ``(inputs, labels)`` for a module's ``validation_step`` (default: the server holdout).
             **kwargs: the partition, client, batch and other options of :class:`FederatedDataModule`.
         """
-        return cls(dataset=GivenData((train_x, train_y), (test_x, test_y), name), **kwargs)  # type: ignore[arg-type]
+        return cls(dataset=GivenData((train_x, train_y), (test_x, test_y), name, val), **kwargs)  # type: ignore[arg-type]
 
     @classmethod
     def from_datasets(
-        cls, train: Dataset, test: Dataset, name: str | None = None, **kwargs: Any
+        cls, train: Dataset, test: Dataset, name: str | None = None, val: Dataset | None = None, **kwargs: Any
     ) -> FederatedDataModule:
         """Federate map-style datasets whose items are ``(x, y)`` (e.g. a torchvision ``ImageFolder``).
 
@@ -683,18 +679,24 @@ class FederatedDataModule(L.LightningDataModule):
             train: training dataset.
             test: test dataset.
             name: what results call the dataset (default: the training dataset's class name).
+            val: validation dataset for a module's ``validation_step`` (default: the server holdout).
             **kwargs: the options of :class:`FederatedDataModule` (``partition``, ``client_ids``, ``in_memory``, ...).
         """
-        return cls(dataset=GivenData(train, test, name or type(train).__name__), **kwargs)  # type: ignore[arg-type]
+        source = GivenData(train, test, name or type(train).__name__, val)
+        return cls(dataset=source, **kwargs)  # type: ignore[arg-type]
 
     def _load_source(self, source: DataSource, num_classes: int | None) -> None:
         loaded = source.load()
-        if not isinstance(loaded, tuple | list) or len(loaded) != 2:
-            raise TypeError(f"{type(source).__name__}.load() must return (train, test), got {type(loaded).__name__}")
-        train, test = loaded
+        if not isinstance(loaded, tuple | list) or len(loaded) not in (2, 3):
+            raise TypeError(
+                f"{type(source).__name__}.load() must return (train, test) or (train, test, val), "
+                f"got {type(loaded).__name__}"
+            )
+        train, test, val = (*loaded, None)[:3]
         opts = (self.in_memory, self.num_workers, self.pin_memory)
         self._train_all = _split(train, "the training data", *opts)
         self._test = _split(test, "the test data", *opts)
+        self._val = _split(val, "the validation data", *opts) if val is not None else None
         self._raw_train = train
         first, first_test = _first_input(self._train_all), _first_input(self._test)
         if first.shape != first_test.shape:
@@ -892,6 +894,26 @@ class FederatedDataModule(L.LightningDataModule):
         assert self._train_reader is not None
         return self._train_reader.read(idx.tolist())
 
+    def test_evaluation(
+        self,
+        model: torch.nn.Module,
+        context: contextlib.AbstractContextManager | None = None,
+        shard: tuple[int, int] = (0, 1),
+    ) -> Evaluation:
+        """``model`` evaluated on the test set (:func:`~fl_lightning.evaluation.evaluate`), inputs normalised.
+
+        Args:
+            model: returns class logits for normalised inputs.
+            context: wraps the forward passes (e.g. the Trainer's autocast).
+            shard: ``(rank, world)``: this process evaluates every ``world``-th batch; counts are summed over processes.
+        """
+        transform = self.transform
+        assert transform is not None, "test_evaluation needs setup() first"
+        device = next((p.device for p in model.parameters()), torch.device("cpu"))
+        return evaluate(
+            model, self.test_batches(), self.num_classes, lambda x: transform(x, False), device, context, shard
+        )
+
     def test_batches(self) -> Iterator[tuple[Tensor, Tensor]]:
         """The test set as raw ``(x, y)`` CPU batches of ``eval_batch_size`` (read item by item when streamed)."""
         assert self._test is not None, "test_batches needs setup() first"
@@ -922,14 +944,47 @@ class FederatedDataModule(L.LightningDataModule):
             source, self.train_y, self.client_indices, plan, self.batch_size, self.drop_last, self.seed, flat=flat
         )
 
+    def val_dataloader(self) -> DataLoader | list:
+        """Validation data for a module's ``validation_step``: the user's (``val``), else the server's holdout.
+
+        Lightning validates after the last client of a round, once the round's global model is in place (the
+        :class:`~fl_lightning.Federation` callback ends the round at its last training batch). Empty without either.
+        """
+        if self._val is not None:
+            return self._loader(self._val)
+        if getattr(self, "aux_y", None) is None or len(self.aux_y) == 0:
+            return []
+        return DataLoader(TensorDataset(self.aux_x, self.aux_y), batch_size=self.eval_batch_size)
+
     def test_dataloader(self) -> DataLoader:
         """The global test set (for ``trainer.test``)."""
         assert self._test is not None
+        return self._loader(self._test)
+
+    def _loader(self, split: _Split) -> DataLoader:
+        """An evaluation loader over a split: its tensors, or its dataset read through a ``DataLoader``."""
+        if split.x is not None:
+            return DataLoader(TensorDataset(split.x, split.y), batch_size=self.eval_batch_size)
+        assert split.reader is not None
+        return DataLoader(
+            split.reader.dataset,
+            batch_size=self.eval_batch_size,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+        )
+
+    def predict_dataloader(self) -> DataLoader:
+        """The global test set's inputs, raw (as stored), as tensor batches (for ``trainer.predict``).
+
+        A batch is the inputs alone, which a module's default ``predict_step`` (``self(batch)``) takes. A method
+        normalises them itself (``FedAvg.predict_step``); for any other module the datamodule does.
+        """
+        assert self._test is not None
         if self._test.x is not None:
-            return DataLoader(TensorDataset(self._test.x, self._test.y), batch_size=self.eval_batch_size)
+            return DataLoader(self._test.x, batch_size=self.eval_batch_size)  # type: ignore[arg-type]
         assert self._test.reader is not None
         return DataLoader(
-            self._test.reader.dataset,
+            _Inputs(self._test.reader.dataset),
             batch_size=self.eval_batch_size,
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
@@ -938,11 +993,20 @@ class FederatedDataModule(L.LightningDataModule):
     def on_after_batch_transfer(
         self, batch: ClientBatches | StreamedClientBatches | tuple[Tensor, Tensor], dataloader_idx: int
     ) -> ClientBatches | StreamedClientBatches | tuple[Tensor, Tensor]:
-        """Convert to float, augment (training only) and normalise, on the batch's device."""
+        """Convert to float, augment (training only) and normalise, on the batch's device.
+
+        Prediction batches stay raw for a module that normalises its own inputs (a method's ``input_normalization``).
+        """
         assert self.transform is not None
         transform = self.transform
         if isinstance(batch, ClientBatches | StreamedClientBatches):
             return batch.with_transform(lambda x: transform(x, train=True))
+        if self.trainer is not None and self.trainer.predicting:
+            if isinstance(getattr(self.trainer.lightning_module, "input_normalization", None), InputNormalization):
+                return batch
+            if isinstance(batch, Tensor):
+                return transform(batch, train=False)
+            return [transform(batch[0], train=False), *batch[1:]]  # type: ignore[return-value]
         x, y = batch
         training = self.trainer is not None and self.trainer.training
         return transform(x, train=training), y

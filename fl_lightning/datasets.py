@@ -17,6 +17,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+from fl_lightning.augment import input_stats
+
 #: Folder used when ``root`` is not given.
 DEFAULT_ROOT = "./data"
 
@@ -120,8 +122,9 @@ def load_dataset(name: str, root: str | None = None, download: bool = False) -> 
         train_x, train_y, test_x, test_y, num_classes = info.loader(root_dir, download, system=True)
     else:
         train_x, train_y, test_x, test_y, num_classes = info.loader(root_dir, download)
-    mean, std = _channel_stats(train_x)
-    return ImageData(name, train_x, train_y, test_x, test_y, num_classes, mean, std)
+    chunk = max(1, (1 << 24) // max(1, int(np.prod(train_x.shape[1:]))))
+    mean, std = input_stats((train_x[i : i + chunk] for i in range(0, len(train_x), chunk)), image=True)
+    return ImageData(name, train_x, train_y, test_x, test_y, num_classes, tuple(mean), tuple(std))
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -130,30 +133,11 @@ def load_dataset(name: str, root: str | None = None, download: bool = False) -> 
 _Arrays = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]
 
 
-def _channel_stats(x: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Per-channel mean and (population) standard deviation of uint8 images, on the [0, 1] scale."""
-    n, c = x.shape[0], x.shape[1]
-    if n == 0:
-        return (0.0,) * c, (1.0,) * c
-    per_image = max(1, int(np.prod(x.shape[1:])))
-    chunk = max(1, (1 << 24) // per_image)
-    total = torch.zeros(c, dtype=torch.float64)
-    total_sq = torch.zeros(c, dtype=torch.float64)
-    for start in range(0, n, chunk):
-        part = x[start : start + chunk].to(torch.float64)
-        total += part.sum(dim=(0, 2, 3))
-        total_sq += part.square().sum(dim=(0, 2, 3))
-    count = n * x.shape[2] * x.shape[3]
-    mean = total / count
-    var = (total_sq / count - mean.square()).clamp_min(0)
-    std = var.sqrt() / 255.0
-    std = torch.where(std > 0, std, torch.ones_like(std))
-    return tuple(float(v) for v in mean / 255.0), tuple(float(v) for v in std)
-
-
 def _missing(what: str, searched: Sequence[Path], how: str) -> FileNotFoundError:
-    paths = "\n".join(f"  {p}" for p in dict.fromkeys(str(p) for p in searched))
-    return FileNotFoundError(f"{what} not found; searched:\n{paths}\n{how}")
+    """``<what> not found in <a>, <b> or <c>. <how>``: one line of whole sentences (``how`` ends with a full stop)."""
+    paths = list(dict.fromkeys(str(p) for p in searched))
+    where = paths[0] if len(paths) == 1 else f"{', '.join(paths[:-1])} or {paths[-1]}"
+    return FileNotFoundError(f"{what} not found in {where}. {how}")
 
 
 def _labels_tensor(labels: Sequence[int] | np.ndarray) -> torch.Tensor:

@@ -104,5 +104,4 @@ class SequentialClients:
         if rnd.add_client(pos, module.state_dict(), upload, rnd.client_loss(), ctx.client, ctx.state):
             self.client_states.put(ctx.client, ctx.state)
             if self.evaluate_local is not None:
-                local = self.evaluate_local(module)
-                rnd.local_evals[rnd.slots[pos]] = (local.acc, local.class_acc)
+                rnd.add_local_eval(pos, self.evaluate_local(module))

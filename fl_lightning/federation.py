@@ -20,17 +20,18 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from fl_lightning import rules
+from fl_lightning import faults, rules
 from fl_lightning.aggregation import aggregation_weights
 from fl_lightning.context import ServerContext
 from fl_lightning.data import FederatedDataModule
 from fl_lightning.distributed import rank_and_world, to_device
-from fl_lightning.evaluation import Evaluation, evaluate
+from fl_lightning.evaluation import Evaluation
 from fl_lightning.executor import SequentialClients
 from fl_lightning.module import FedAvg, FederatedHooks
-from fl_lightning.progress import quiet_lightning
+from fl_lightning.progress import quiet_lightning, use_round_bars
 from fl_lightning.recorder import RunRecorder, run_info
 from fl_lightning.rounds import RoundPlan, RoundState, plan_round, process_share
+from fl_lightning.rundir import RunDirClaim, check_checkpoint_file, check_fresh_run_dir
 from fl_lightning.server_optim import ServerOptimizer, ServerSGD
 from fl_lightning.state import ClientStateStore
 
@@ -86,26 +87,16 @@ class Federation(Callback):
         client_state_mb: float | None = None,
         collapse_rounds: int | None = 10,
     ) -> None:
-        for ok, message, value in (
-            (rounds >= 1, "rounds must be at least 1", rounds),
-            (0 < sample_ratio <= 1, "sample_ratio must be in (0, 1]", sample_ratio),
-            (local_epochs >= 1, "local_epochs must be at least 1", local_epochs),
-            (aggregation in ("weighted", "uniform"), "aggregation must be 'weighted' or 'uniform'", aggregation),
-            (0 < lr_decay <= 1, "lr_decay must be in (0, 1]", lr_decay),
-            (eval_every >= 1, "eval_every must be at least 1", eval_every),
-            (
-                client_state_mb is None or client_state_mb >= 0,
-                "client_state_mb must be >= 0 (or None)",
-                client_state_mb,
-            ),
-            (
-                collapse_rounds is None or collapse_rounds >= 1,
-                "collapse_rounds must be >= 1 (or None)",
-                collapse_rounds,
-            ),
-        ):
-            if not ok:
-                raise ValueError(f"{message}, got {value!r}")
+        _require(rounds >= 1, f"rounds must be at least 1, got {rounds}")
+        _require(0 < sample_ratio <= 1, f"sample_ratio must be in (0, 1], got {sample_ratio}")
+        _require(local_epochs >= 1, f"local_epochs must be at least 1, got {local_epochs}")
+        _require(aggregation in ("weighted", "uniform"), f"aggregation must be weighted or uniform, got {aggregation}")
+        _require(0 < lr_decay <= 1, f"lr_decay must be in (0, 1], got {lr_decay}")
+        _require(eval_every >= 1, f"eval_every must be at least 1, got {eval_every}")
+        _require((client_state_mb or 0) >= 0, f"client_state_mb must be >= 0 (or None), got {client_state_mb}")
+        _require(
+            collapse_rounds is None or collapse_rounds >= 1, f"collapse_rounds must be >= 1, got {collapse_rounds}"
+        )
         if server_optimizer is not None and (server_lr != 1.0 or server_momentum != 0.0):
             raise ValueError(
                 "give the server step once: either server_optimizer or server_lr/server_momentum "
@@ -134,8 +125,12 @@ class Federation(Callback):
         self._hooks = False
         self._round: RoundState | None = None
         self._server: ServerContext | None = None
+        self._measured: tuple[dict[str, float], np.ndarray] | None = None  # the round evaluated, to be recorded
         self.executor: SequentialClients | None = None
         self._pending_state: dict[str, Any] | None = None
+        self._claim = RunDirClaim()  # the run directory this fit holds (rank 0)
+        self._stage = "fit"  # the Trainer's stage (setup); validate/test/predict leave the run's record alone
+        quiet_lightning()  # now: the Trainer built next prints its tips and accelerator lines in its constructor
 
     @property
     def history(self) -> list[dict[str, float]]:
@@ -172,12 +167,16 @@ class Federation(Callback):
     def prepare_trainer(self, trainer: L.Trainer) -> None:
         """Called by the datamodule when attached, before Lightning reads ``max_epochs`` or resolves ``ckpt_path``."""
         rules.prepare_trainer(trainer, self.rounds)
+        use_round_bars(trainer)  # before any hook: Lightning's own progress bars count rounds and clients
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        """Check the pieces fit together and prepare the run's record."""
+        """Claim the run directory (one fit at a time), check the pieces fit together and prepare the run's record."""
+        self._stage = stage
         if stage != "fit":
             return
+        if trainer.is_global_zero:  # one fit at a time in a run directory
+            self._claim.acquire(trainer.default_root_dir)
         dm = rules.check_datamodule(trainer.datamodule)
         self._hooks = isinstance(pl_module, FederatedHooks)
         self.client_batches = isinstance(pl_module, FedAvg)
@@ -186,9 +185,9 @@ class Federation(Callback):
         # Metrics a method logs reach the loggers through the recorder, on the round axis, not every n local steps.
         trainer.log_every_n_steps = 2**31
         dm.setup("fit")
+        faults.point("after-data-line")
         rules.check_pieces(trainer, pl_module, dm, pl_module.holdout_per_class_required if self._hooks else 0)
         self.dm = dm
-        rules.prepare_trainer(trainer, self.rounds)
         trainer.reload_dataloaders_every_n_epochs = 1
         run_dir = Path(trainer.default_root_dir)
         spill = run_dir / "client_state" if self.client_state_mb is not None else None
@@ -209,16 +208,24 @@ class Federation(Callback):
         # independently; their weights are reduced once per round.
         if trainer.strategy.model is not pl_module:
             trainer.strategy.model = pl_module
+        rules.check_lr_schedulers(trainer, self.lr_decay)
         self.server_state = to_device(self.server_state, pl_module.device)
 
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Training really starts (any checkpoint was accepted): mark the run as running, draw the partition."""
         assert self.recorder is not None and self.dm is not None
+        if trainer.is_global_zero and trainer.ckpt_path is None:  # a new run: never over a finished one
+            check_fresh_run_dir(trainer.default_root_dir)
         self.recorder.start(trainer)
+        # Lightning logs its own keys (LR monitor, validation, epoch metrics) at this counter: keep it the round.
+        trainer.fit_loop.epoch_loop._batches_that_stepped = trainer.current_epoch + 1
         if trainer.is_global_zero and not self.recorder.history:
-            title = f"{self.dm.dataset}, {self.dm.partition_label}, {self.dm.num_clients} clients"
-            self.recorder.write_partition(self.dm.client_class_counts, title)
+            self.recorder.write_partition(self.dm.client_class_counts, self._partition_title())
+
+    def _partition_title(self) -> str:
+        assert self.dm is not None
+        return f"{self.dm.dataset}, {self.dm.partition_label}, {self.dm.num_clients} clients"
 
     # ---- plan ---------------------------------------------------------------------------------------------------
 
@@ -228,10 +235,7 @@ class Federation(Callback):
         assert self.dm is not None
         plan = self.plan(trainer.current_epoch)
         slots, local = process_share(plan, *rank_and_world())
-        for opt in trainer.optimizers:
-            for group in opt.param_groups:
-                group.setdefault("fl_initial_lr", group["lr"])
-                group["lr"] = group["fl_initial_lr"] * plan.lr_scale
+        lr = rules.set_round_lr(trainer, plan.lr_scale)
         weights = aggregation_weights([self.dm.client_sizes[c] for c in plan.clients], self.aggregation)
         server = self.dm.server_context(
             plan,
@@ -248,9 +252,10 @@ class Federation(Callback):
             plan,
             slots,
             weights,
-            batches_per_client=None if self.client_batches else local.steps,
+            batches_per_client=[1] * len(local.clients) if self.client_batches else local.steps,
             upload_reduce=pl_module.upload_reduce if self._hooks else None,
             global_weights=server.global_weights,
+            lr=lr,
             started_at=time.perf_counter(),
             received_class_acc=self.evaluate(pl_module, trainer).class_acc if self.eval_local else np.zeros(0),
         )
@@ -278,17 +283,23 @@ class Federation(Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        """A client may end: the executor hands its weights, upload, state and loss to the round."""
+        """A client may end (the executor hands its results to the round); after the last batch, the round ends.
+
+        The round ends here rather than at the epoch's end so that Lightning's validation, checkpoint and early
+        stopping, which follow the last batch, see the new global model and the round's metrics.
+        """
         self.executor.on_batch_end(pl_module, outputs, batch_idx)
+        if self._round is not None and self._round.is_last_batch(batch_idx):
+            self._end_round(trainer, pl_module)
 
     # ---- reduce, server step, evaluate --------------------------------------------------------------------------
 
-    @override
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def _end_round(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Reduce the round's clients, take the server step, evaluate and record the round."""
         rnd, server = self._round, self._server
         assert rnd is not None and server is not None and self.recorder is not None
         r = rnd.plan.round
+        trainer.fit_loop.epoch_loop._batches_that_stepped = r + 1  # validation's step: the round (see on_train_start)
         diverged = rnd.gather_divergence()
         if diverged:
             pl_module.load_state_dict(rnd.global_weights)  # keep the last finite global model
@@ -305,6 +316,23 @@ class Federation(Callback):
             self._evaluate_and_record(trainer, pl_module, rnd)
         else:
             self.recorder.elapsed += time.perf_counter() - rnd.started_at
+        self._round = None
+
+    @override
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Record the evaluated round (with any validation metrics of its global model) and step LR schedulers.
+
+        An epoch-interval LR scheduler steps once per round: Lightning steps it for automatic optimization, this
+        callback for the methods' manual optimization (which Lightning leaves alone).
+        """
+        assert self.recorder is not None and self.dm is not None
+        # Lightning logs a round's epoch metrics at this counter minus one, and the next LR monitor reading at it.
+        trainer.fit_loop.epoch_loop._batches_that_stepped = trainer.current_epoch + 2
+        if self._measured is not None:
+            self.recorder.record_round(trainer, *self._measured)
+            self._measured = None
+            self.recorder.check_divergence(trainer, self.collapse_rounds, self.dm.num_test_classes)
+        rules.step_lr_schedulers(trainer, pl_module)
 
     def _evaluate_and_record(self, trainer: L.Trainer, pl_module: L.LightningModule, rnd: RoundState) -> None:
         assert self.recorder is not None and self.dm is not None
@@ -316,36 +344,27 @@ class Federation(Callback):
             "global_acc": result.acc,
             "global_loss": result.loss,
             "train_loss": rnd.train_loss,
-            "lr": trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else float("nan"),
+            "lr": rnd.lr,
             "clients": len(rnd.plan.clients),
             "round_seconds": round_seconds,
         }
         measured.update(rnd.local_metrics())
         if len(self.client_states):
             self.recorder.client_state = self.client_states.usage()
-        self.recorder.record_round(trainer, measured, result.class_acc)
-        pl_module.log("global_acc", result.acc, prog_bar=True, logger=False)
-        self.recorder.check_divergence(trainer, self.collapse_rounds, self.dm.num_test_classes)
+        # Recorded at the epoch's end, after Lightning's validation of this global model, whose metrics join the row.
+        self._measured = (measured, result.class_acc)
+        self.recorder.publish(trainer, measured)
 
     def evaluate(
         self, pl_module: L.LightningModule, trainer: L.Trainer | None = None, split: bool = True
     ) -> Evaluation:
-        """The test loss, accuracy and class-wise accuracy of ``pl_module``'s current weights.
+        """The test loss, accuracy and class-wise accuracy of ``pl_module``'s current weights (see ``test_evaluation``).
 
-        With several processes and ``split``, each evaluates every ``world``-th test batch and the counts are summed
-        (all processes must call it together); ``split=False`` evaluates the whole test set in this process.
+        ``split``: with several processes, each evaluates its share of the test batches (all must call it together).
         """
-        assert self.dm is not None and self.dm.transform is not None
-        transform = self.dm.transform
-        return evaluate(
-            pl_module,
-            self.dm.test_batches(),
-            self.dm.num_classes,
-            transform=lambda x: transform(x, False),
-            device=pl_module.device,
-            context=trainer.precision_plugin.forward_context() if trainer is not None else None,
-            shard=rank_and_world() if split else (0, 1),
-        )
+        assert self.dm is not None
+        context = trainer.precision_plugin.forward_context() if trainer is not None else None
+        return self.dm.test_evaluation(pl_module, context, rank_and_world() if split else (0, 1))
 
     # ---- end of the run -----------------------------------------------------------------------------------------
 
@@ -358,10 +377,30 @@ class Federation(Callback):
     @override
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         """A signal or Ctrl-C leaves the run ``interrupted`` (resumable); any other error leaves it ``failed``."""
-        if self.recorder is not None:
+        if self.recorder is not None and self._stage == "fit":  # an error in validate/test/predict is not the run's
             self.recorder.end_with(trainer, exception)
+        self._claim.release()
+
+    @override
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """A run restored with every round done (Lightning trains nothing then): complete its record."""
+        record = self.recorder
+        if record is not None and not record.started and record.history and record.history[-1]["round"] >= self.rounds:
+            assert self.dm is not None
+            record.finish_restored(trainer, self.dm.client_class_counts, self._partition_title())
+
+    @override
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """Release the run directory."""
+        self._claim.release()
 
     # ---- checkpointing ------------------------------------------------------------------------------------------
+
+    @override
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        """Refuse a checkpoint file that does not match its checksum, before a round runs from it."""
+        if trainer.ckpt_path is not None and Path(trainer.ckpt_path).is_file():
+            check_checkpoint_file(trainer.ckpt_path)
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -377,6 +416,8 @@ class Federation(Callback):
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore the state saved by :meth:`state_dict` (also from checkpoints of earlier versions)."""
+        if self._stage != "fit":  # validate/test/predict from a checkpoint: its weights, not the run's record
+            return
         if state_dict.get("seed", self.seed) != self.seed:
             raise ValueError(f"the checkpoint was made with seed {state_dict['seed']}, this run uses {self.seed}")
         if self.recorder is None:
@@ -395,3 +436,8 @@ class Federation(Callback):
             self.server_optimizer.load_state_dict(
                 {"state": {k: {"momentum_buffer": v} for k, v in state_dict["momentum_buffer"].items()}}
             )
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)

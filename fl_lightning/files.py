@@ -2,27 +2,45 @@
 
 Every file a run writes (metrics.csv, summary.json, partition.csv, config.yaml, plots, spilled client states, the
 checkpoint) is written under :func:`temporary_name` next to its target and renamed over it (:func:`atomic_path` does
-both). A SIGKILL can leave such a temporary behind (never a cut target); the next run in that directory removes it
-with :func:`remove_temporaries`.
+both). A temporary's name is unique to the writing process and call, so that two processes writing the same file
+(two comparisons sharing an output folder) never write into each other's temporary. A SIGKILL can leave such a
+temporary behind (never a cut target); the next run in that directory removes it with :func:`remove_temporaries`.
+
+A checkpoint carries its own checksum (:func:`seal_checkpoint`), checked by :func:`verify_checkpoint` before a run
+resumes from it.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
+import itertools
 import os
+import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 TEMP_MARK = ".tmp"
+_TEMP_COUNTER = itertools.count()
+#: The record a sealed checkpoint adds to torch's zip archive: the SHA-256 of every other record (name and bytes).
+CHECKSUM_RECORD = ".data/fl_lightning_sha256"
+
+
+class DamagedCheckpoint(ValueError):
+    """A checkpoint whose content does not match its checksum, or a file that is no PyTorch checkpoint at all."""
 
 
 def temporary_name(path: Path) -> Path:
-    """The temporary next to ``path``: hidden, marked ``.tmp``, same extension (so writers that infer a format work).
+    """A new temporary next to ``path``: hidden, marked ``.tmp``, unique to this process and call, same extension.
 
-    >>> temporary_name(Path("run/curve.png"))
-    PosixPath('run/.curve.tmp.png')
+    The extension stays last, so that writers that infer a format from it (matplotlib) work.
+
+    >>> name = temporary_name(Path("run/curve.png")).name  # .curve.tmp-<pid>-<n>.png
+    >>> name.startswith(".curve.tmp-"), name.endswith(".png")
+    (True, True)
     """
-    return path.with_name(f".{path.stem}{TEMP_MARK}{path.suffix}")
+    return path.with_name(f".{path.stem}{TEMP_MARK}-{os.getpid()}-{next(_TEMP_COUNTER)}{path.suffix}")
 
 
 @contextmanager
@@ -43,6 +61,81 @@ def write_text_atomic(path: str | Path, text: str) -> None:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
+
+
+def overwrite_in_place(path: str | Path, text: str) -> None:
+    """Rewrite a small file in its own blocks, for when the disk is full and no temporary fits (not atomic)."""
+    with open(path, "r+" if Path(path).exists() else "w", newline="") as f:
+        f.write(text)
+        f.truncate()
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def is_disk_full(err: BaseException) -> bool:
+    """Whether an error says the disk (or the quota) is full."""
+    return isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def _content_digest(archive: zipfile.ZipFile) -> str:
+    """SHA-256 of every record of a checkpoint's archive except the checksum (zipfile checks each CRC as it reads)."""
+    digest = hashlib.sha256()
+    for info in archive.infolist():
+        if info.filename.endswith("/" + CHECKSUM_RECORD):
+            continue
+        digest.update(info.filename.encode() + b"\0")
+        with archive.open(info) as f:
+            for chunk in iter(lambda f=f: f.read(1 << 20), b""):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def seal_checkpoint(path: str | Path) -> None:
+    """Add the checksum of a checkpoint's content to it, as one more record of torch's zip archive."""
+    with zipfile.ZipFile(path, "a") as archive:
+        digest = _content_digest(archive)
+        prefix = archive.namelist()[0].split("/", 1)[0]
+        archive.writestr(f"{prefix}/{CHECKSUM_RECORD}", digest)
+
+
+_VERIFIED: dict[tuple[str, int, int], bool] = {}
+
+
+def verify_checkpoint(path: str | Path) -> bool:
+    """Check that a checkpoint is whole and unchanged since it was written, before anything is restored from it.
+
+    A sealed checkpoint (:func:`seal_checkpoint`) is checked against its SHA-256; any other PyTorch checkpoint (one
+    written by Lightning's own ``ModelCheckpoint``) against the CRC-32 of each record of its zip archive.
+
+    Returns:
+        Whether the file was sealed.
+
+    Raises:
+        DamagedCheckpoint: the file is cut, changed, or no PyTorch checkpoint (one line naming the file).
+    """
+    path = Path(path)
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    if key in _VERIFIED:
+        return _VERIFIED[key]
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+            sealed = next((n for n in names if n.endswith("/" + CHECKSUM_RECORD)), None)
+            digest = _content_digest(archive)
+            expected = archive.read(sealed).decode(errors="replace").strip() if sealed else digest
+    except zipfile.BadZipFile as err:
+        if "CRC" in str(err):
+            raise DamagedCheckpoint(f"checkpoint {path} cannot be loaded (a record does not match its CRC-32)") from err
+        raise DamagedCheckpoint(
+            f"checkpoint {path} cannot be loaded (cut short, or not a PyTorch checkpoint at all)"
+        ) from err
+    except (OSError, EOFError, ValueError, KeyError) as err:
+        raise DamagedCheckpoint(f"checkpoint {path} cannot be loaded ({err})") from err
+    if digest != expected:
+        raise DamagedCheckpoint(f"checkpoint {path} cannot be loaded (its content does not match its checksum)")
+    _VERIFIED[key] = sealed is not None
+    return sealed is not None
 
 
 def remove_temporaries(folder: str | Path) -> list[Path]:

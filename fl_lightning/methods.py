@@ -271,6 +271,7 @@ class FedKA(FedAvg):
         self.anchor_zg: Tensor | None = None
 
     @property
+    @torch.jit.unused
     def gamma(self) -> float:
         """Dominance threshold γ (default 1/(2C), known once the number of classes is)."""
         return self._gamma if self._gamma is not None else 1.0 / (2 * self.num_classes)

@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import lightning as L
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.strategies import SingleDeviceStrategy
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor, nn
 
+from fl_lightning.augment import BatchTransform, InputNormalization
 from fl_lightning.context import ClientContext, ServerContext
 from fl_lightning.distributed import all_reduce_sum_
 from fl_lightning.evaluation import Counts, Evaluation, add_counts, batch_counts
 from fl_lightning.models import MODELS, build_model, net_name
+
+#: Where a method's checkpoint holds its :class:`~fl_lightning.augment.InputNormalization` statistics.
+INPUT_NORMALIZATION_KEY = "input_normalization"
 
 
 class FederatedHooks:
@@ -113,17 +119,28 @@ class FederatedHooks:
         teachers[0].eval()
 
     @property
+    @torch.jit.unused
     def teacher(self) -> nn.Module:
-        """The frozen copy of this round's global network (evaluation mode, no gradients)."""
+        """The frozen copy of this round's global network (evaluation mode, no gradients).
+
+        There is none before a client of a fit has started: then it raises ``AttributeError``, so that
+        ``hasattr(module, "teacher")`` is False and introspection (``inspect.getmembers``, TorchScript) passes it by.
+        """
         teachers = self.__dict__.get("_teacher_store")
         if not teachers:
-            raise RuntimeError(f"{type(self).__name__} has no teacher before its first client starts")
+            raise AttributeError(f"{type(self).__name__} has no teacher before its first client starts")
         return teachers[0]
 
     @torch.no_grad()
     def teacher_logits(self, x: Tensor) -> Tensor:
         """z_g: the global model's logits on ``x``, with no gradient."""
-        return self.teacher(x)
+        teachers = self.__dict__.get("_teacher_store")
+        if not teachers:
+            raise RuntimeError(
+                f"{type(self).__name__} has no teacher before its first client starts "
+                "(the Federation callback refreshes it when teacher_needed(client) is True)"
+            )
+        return teachers[0](x)
 
 
 class TeacherMixin(FederatedHooks):
@@ -216,8 +233,11 @@ class FedAvg(FederatedHooks, L.LightningModule):
         self.client: ClientContext | None = None
         self._direct_step = False
         self._clip_grad_norm = clip_grad_norm
+        #: Raw inputs → the network's inputs (the datamodule's normalisation, taken at fit start): see predict_step.
+        self.input_normalization = InputNormalization()
 
     @property
+    @torch.jit.unused
     def num_classes(self) -> int:
         """Number of classes C (raises AttributeError until known: given, or taken from the datamodule at fit)."""
         if self._num_classes is None:
@@ -264,13 +284,62 @@ class FedAvg(FederatedHooks, L.LightningModule):
             self._hparams_initial[name] = value
 
     def forward(self, x: Tensor) -> Tensor:
-        """Class logits."""
+        """Class logits of normalised inputs (what training and evaluation batches are; raw ones: predict_step)."""
         if self.net is None:
-            raise RuntimeError(
-                f"{type(self).__name__}'s built-in network is built at fit start (it needs the data's shapes); "
-                "pass num_classes, in_channels and image_size to build it now"
-            )
+            raise AttributeError(_no_network(self))
         return self.net(x)
+
+    def predict_step(self, batch: Tensor | Sequence[Tensor], batch_idx: int = 0, dataloader_idx: int = 0) -> Tensor:
+        """Class logits of raw inputs: a tensor, or a batch ``(x,)`` or ``(x, y)`` (e.g. of a ``TensorDataset``).
+
+        Raw means as the datamodule holds them (uint8 images, features on their own scale): the module's
+        :attr:`input_normalization` (saved in its checkpoints) maps them to the network's inputs, with the same
+        arithmetic as the federation's evaluation.
+        """
+        x = batch[0] if isinstance(batch, tuple | list) else batch
+        return self(self.input_normalization(x))
+
+    def to_torchscript(self, *args: Any, **kwargs: Any) -> Any:
+        """Lightning's ``to_torchscript`` of :meth:`forward`, once the network exists (``AttributeError`` before)."""
+        self._require_net()
+        return super().to_torchscript(*args, **kwargs)
+
+    def to_onnx(self, *args: Any, **kwargs: Any) -> Any:
+        """Lightning's ``to_onnx`` of :meth:`forward`, once the network exists (``AttributeError`` before)."""
+        self._require_net()
+        return super().to_onnx(*args, **kwargs)
+
+    def _require_net(self) -> None:
+        if self.net is None:
+            raise AttributeError(_no_network(self))
+
+    # ---- probing: outside a fit, missing things are AttributeErrors ------------------------------------------------
+
+    @property
+    def trainer(self) -> L.Trainer:
+        """The Trainer this module is attached to.
+
+        Without one it raises ``AttributeError`` (Lightning raises ``RuntimeError``), so that ``hasattr``,
+        ``inspect.getmembers`` and other probing pass a module outside a fit by.
+        """
+        if self._trainer is None and self._fabric is None and not self._jit_is_scripting:
+            raise AttributeError(f"{type(self).__name__} is not attached to a `Trainer`")
+        return L.LightningModule.trainer.fget(self)  # type: ignore[attr-defined]
+
+    @trainer.setter
+    def trainer(self, trainer: L.Trainer | None) -> None:
+        L.LightningModule.trainer.fset(self, trainer)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            # Python lands here when a property's getter raises AttributeError; nn.Module would answer "has no
+            # attribute": raise the getter's own error (e.g. "num_classes is not known before fit starts") instead.
+            prop = getattr(type(self), name, None)
+            if isinstance(prop, property) and prop.fget is not None:
+                return prop.fget(self)
+            raise
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         """Local SGD; its state is reset at the start of every client's update."""
@@ -314,10 +383,32 @@ class FedAvg(FederatedHooks, L.LightningModule):
         return loss.detach()
 
     def on_fit_start(self) -> None:
-        """Decide whether local steps may bypass Lightning's per-step hooks (see ``step_hooks``)."""
+        """Take the datamodule's input normalisation; decide whether local steps may bypass Lightning's step hooks.
+
+        Local steps bypass the hooks unless ``step_hooks`` is set or a gradient scaler or distributed strategy is used.
+        """
+        transform = getattr(self.trainer.datamodule, "transform", None)
+        if isinstance(transform, BatchTransform):
+            self.input_normalization.copy_from(transform, self.device)
         scaler = getattr(self.trainer.precision_plugin, "scaler", None)
         single = isinstance(self.trainer.strategy, SingleDeviceStrategy)
         self._direct_step = not self.hparams.get("step_hooks", False) and scaler is None and single
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Save the input normalisation with the weights (it is not in ``state_dict()``, which clients average)."""
+        checkpoint[INPUT_NORMALIZATION_KEY] = self.input_normalization.stats()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Restore the input normalisation (a checkpoint written before it was saved leaves it as it is)."""
+        stats = checkpoint.get(INPUT_NORMALIZATION_KEY)
+        if stats is not None:
+            self.input_normalization.set_stats(stats.get("mean"), stats.get("std"), self.device)
+        elif self._trainer is None or self._trainer.state.fn != TrainerFn.FITTING:  # a fit takes the datamodule's
+            rank_zero_warn(
+                "this checkpoint holds no input normalisation (it was written by an earlier fl_lightning): "
+                "predict_step only maps uint8 inputs to [0, 1]; give it normalised inputs, or set "
+                "model.input_normalization.set_stats(mean, std)"
+            )
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """With ``step_hooks`` (or a gradient scaler), clip here: Lightning has unscaled the gradients by now."""
@@ -331,22 +422,44 @@ class FedAvg(FederatedHooks, L.LightningModule):
         """The method's local objective on one (augmented, normalised) batch."""
         return F.cross_entropy(self(x), y)
 
-    def on_test_epoch_start(self) -> None:
-        """Start summing the test counts."""
-        self._test_counts: Counts | None = None
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        """Sum the loss and per-class hits of a validation batch (the datamodule's ``val``, else the holdout).
+
+        Under :class:`~fl_lightning.Federation` it validates the round's global model after the round's last client;
+        ``val/loss`` and ``val/acc`` join ``metrics.csv`` and can be monitored.
+        """
+        self._add_eval_counts("val", batch)
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         """Sum the test loss and per-class hits of a batch (``trainer.test``; the same counts as the federation's)."""
-        x, y = batch
-        logits = self(x)
-        self._test_counts = add_counts(getattr(self, "_test_counts", None), batch_counts(logits, y, logits.shape[-1]))
+        self._add_eval_counts("test", batch)
+
+    def on_validation_epoch_end(self) -> None:
+        """Log ``val/loss`` and ``val/acc`` over the whole validation set (summed over processes)."""
+        self._log_eval_counts("val")
 
     def on_test_epoch_end(self) -> None:
         """Log ``test/loss`` and ``test/acc`` over the whole test set (summed over processes)."""
-        counts = getattr(self, "_test_counts", None)
+        self._log_eval_counts("test")
+
+    def _add_eval_counts(self, stage: str, batch: tuple[Tensor, Tensor]) -> None:
+        x, y = batch
+        logits = self(x)
+        counts: dict[str, Counts] = self.__dict__.setdefault("_eval_counts", {})
+        counts[stage] = add_counts(counts.get(stage), batch_counts(logits, y, logits.shape[-1]))
+
+    def _log_eval_counts(self, stage: str) -> None:
+        counts = self.__dict__.get("_eval_counts", {}).pop(stage, None)
         if counts is None:
             return
         all_reduce_sum_(counts)
         result = Evaluation.from_counts(counts)
-        self.log("test/loss", result.loss)
-        self.log("test/acc", result.acc)
+        self.log(f"{stage}/loss", result.loss)
+        self.log(f"{stage}/acc", result.acc)
+
+
+def _no_network(module: nn.Module) -> str:
+    return (
+        f"{type(module).__name__}'s built-in network is built at fit start (it needs the data's shapes); "
+        "pass num_classes, in_channels and image_size to build it now"
+    )

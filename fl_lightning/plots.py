@@ -33,12 +33,34 @@ def save_figure(fig: Any, path: str | Path, dpi: int = 100) -> Path:
     return path
 
 
-def integer_round_axis(ax: Any) -> None:
-    """Label an x axis ``round`` with whole-number ticks only."""
+def round_ticks(first: int, last: int) -> list[int]:
+    """Whole-number round ticks from ``first`` to ``last``, both included, evenly spaced between them.
+
+    >>> round_ticks(1, 20), round_ticks(1, 100)
+    ([1, 5, 10, 15, 20], [1, 20, 40, 60, 80, 100])
+    >>> round_ticks(1, 3), round_ticks(7, 7)
+    ([1, 2, 3], [7])
+    """
+    from matplotlib.ticker import MaxNLocator
+
+    if last <= first:
+        return [first]
+    locator = MaxNLocator(nbins=5, integer=True, steps=[1, 2, 5, 10])
+    inner = [int(t) for t in locator.tick_values(first, last) if first < t < last]
+    step = inner[1] - inner[0] if len(inner) > 1 else last - first
+    # an inner tick closer than half a step to either end would crowd that end's label
+    return [first, *(t for t in inner if t - first >= step / 2 and last - t >= step / 2), last]
+
+
+def integer_round_axis(ax: Any, rounds: Sequence[int] = ()) -> None:
+    """Label an x axis ``round`` with whole-number ticks; given the plotted ``rounds``, the first and last labelled."""
     from matplotlib.ticker import MaxNLocator
 
     ax.set_xlabel("round")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if len(rounds):
+        ax.set_xticks(round_ticks(int(min(rounds)), int(max(rounds))))
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def moving_average(values: Sequence[float], window: int) -> np.ndarray:
@@ -111,7 +133,7 @@ def plot_curve(
         ax.plot(x, y, marker=marker)
     if diverged_round is not None:
         mark_divergence(ax, diverged_round)
-    integer_round_axis(ax)
+    integer_round_axis(ax, x)
     ax.set_ylabel("global test accuracy (%)")
     ax.set_title(title)
     ax.grid(alpha=0.3)

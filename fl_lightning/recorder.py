@@ -21,11 +21,13 @@ from typing import Any
 
 import lightning as L
 import numpy as np
+import torch
 from lightning.pytorch.callbacks.progress import TQDMProgressBar
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
-from fl_lightning.files import remove_temporaries, write_text_atomic
+from fl_lightning import faults
+from fl_lightning.files import is_disk_full, overwrite_in_place, remove_temporaries, write_text_atomic
 from fl_lightning.metrics import forgetting
 
 #: Final statuses a run can end with; ``running`` is written while it trains.
@@ -66,24 +68,31 @@ class RunRecorder:
         self.status = "running"
         self.error: str | None = None
         self.diverged_round: int | None = None
+        self.stopped_early_round: int | None = None
+        self._published: set[str] = set()  # the callback metrics this recorder set (never recorded as a module's)
         self.client_state: dict[str, float] | None = None  # ClientStateStore.usage(), for methods that keep one
         self.started = False
+        self._written_status: str | None = None  # the status summary.json holds now
 
     # ---- state ---------------------------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
         """What a resumed run needs to continue the record."""
-        return {
+        state: dict[str, Any] = {
             "history": self.history,
             "class_acc_history": self.class_acc_history,
             "elapsed": self.elapsed,
         }
+        if self.status == "diverged":  # so that finishing a run from its checkpoint keeps how it ended
+            state.update(diverged_round=self.diverged_round, error=self.error)
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue the record of a checkpointed run."""
         self.history = list(state["history"])
         self.class_acc_history = list(state["class_acc_history"])
         self.elapsed = float(state["elapsed"])
+        self.diverged_round, self.error = state.get("diverged_round"), state.get("error")
         self.status = "running"
 
     # ---- recording -------------------------------------------------------------------------------------------------
@@ -111,8 +120,9 @@ class RunRecorder:
         row["forgetting"] = forgetting(self.class_acc_history)
         row["elapsed_seconds"] = self.elapsed
         row.update({f"acc_class_{c}": float(a) for c, a in enumerate(class_acc)})
+        self.publish(trainer, row)  # before the module's own metrics join the row: those are Lightning's already
         for key, value in trainer.callback_metrics.items():
-            if key not in row and key != "global_acc" and value.numel() == 1:
+            if key not in row and key not in self._published and value.numel() == 1:
                 row[key] = float(value)
         self.history.append(row)
         self._log(trainer, row)
@@ -125,7 +135,19 @@ class RunRecorder:
         if trainer.is_global_zero:
             self._write_metrics()
             self._write_summary()
+        if int(row["round"]) >= self.total_rounds:
+            faults.point("after-last-round")
         return row
+
+    def publish(self, trainer: L.Trainer, metrics: Mapping[str, float]) -> None:
+        """Make a round's metrics callback metrics, so that ``ModelCheckpoint(monitor=...)`` can watch them.
+
+        Each goes under its column name and its logger key (``global_acc`` and ``global/acc``), for
+        ``ModelCheckpoint``, ``EarlyStopping`` and LR schedulers alike.
+        """
+        published = monitorable(metrics)
+        self._published.update(published)
+        trainer.callback_metrics.update(published)
 
     def finish(self, trainer: L.Trainer, status: str, error: str | None = None) -> None:
         """End the record with ``status`` (one of :data:`STATUSES`): final files, plot and logger summary."""
@@ -134,30 +156,47 @@ class RunRecorder:
         self.status, self.error = status, error
         if not self.started or not trainer.is_global_zero:
             return
-        self._write_metrics()
-        self._write_summary()
-        if self.plots and self.history:
-            from fl_lightning.plots import plot_curve
-
-            rounds = [int(row["round"]) for row in self.history]
-            accs = [row["global_acc"] for row in self.history]
-            info = self.info
-            title = (
-                f"{info.get('method')} on {info.get('dataset')}, {info.get('partition')}, "
-                f"{info.get('num_clients')} clients"
-            )
-            plot_curve(rounds, accs, self.run_dir / "curve.png", title, diverged_round=self.diverged_round)
-        self._send_summary(trainer)
+        try:
+            # A signal now waits until the files are written: the run ends with one status, whole.
+            held = f"the final files of the run ({status}) were written before it took effect"
+            with faults.deferred_signals(lambda names: self.say(trainer, f"{names} received: {held}")):
+                if status == "completed":
+                    self._write_final_files(trainer)
+                    self._write_summary()  # last: a run says completed only once all its files are written
+                else:
+                    self._write_summary()  # first: how the run ended is recorded even on a full disk
+                    self._write_final_files(trainer, best_effort=True)
+        except BaseException:
+            if status == "completed" and self._written_status != "completed":
+                self.status, self.error = "running", None  # not completed: the caller records how it ended
+            raise
+        close_bar = getattr(trainer.progress_bar_callback, "close_bar", None)
+        if close_bar is not None:
+            close_bar()  # RoundProgressBar: erase the bar before the closing line or warning
         if status == "completed" and self.history:
             best = max(r["global_acc"] for r in self.history)
-            rank_zero_info(
+            self.say(
+                trainer,
                 f"done: final acc {self.history[-1]['global_acc']:.4f}, best {best:.4f} "
-                f"in {self.elapsed:.1f}s; results in {self.run_dir}"
+                f"in {self.elapsed:.1f}s; results in {self.run_dir}",
             )
         elif status == "interrupted":
             rank_zero_warn(f"run interrupted; resume it with --ckpt_path last (results so far in {self.run_dir})")
         elif status == "failed":
             rank_zero_warn(f"run failed: {error} (results so far in {self.run_dir})")
+
+    def finish_restored(self, trainer: L.Trainer, counts: np.ndarray, title: str) -> None:
+        """Complete a run restored with every round done (Lightning trains nothing then): write what is missing.
+
+        ``counts`` and ``title`` draw the partition when its files are missing. A run that diverged in its last round
+        ends ``diverged`` again; any other ends ``completed``.
+        """
+        status = "diverged" if self.diverged_round is not None else "completed"
+        self.say(trainer, f"all {self.total_rounds} rounds are done: writing what is missing, marking the run {status}")
+        self.start(trainer)
+        if trainer.is_global_zero and not (self.run_dir / "partition.csv").exists():
+            self.write_partition(counts, title)
+        self.finish(trainer, status, self.error if status == "diverged" else None)
 
     def stop_diverged(self, trainer: L.Trainer, round_number: int, reason: str) -> None:
         """End the run as ``diverged`` in ``round_number`` and ask the Trainer to stop."""
@@ -184,19 +223,31 @@ class RunRecorder:
             self.stop_diverged(trainer, collapsed, reason)
 
     def end(self, trainer: L.Trainer, total_rounds: int) -> None:
-        """At the end of fit: ``completed`` when every round ran, ``interrupted`` when something stopped it early."""
-        if self.status == "running":
-            done = bool(self.history) and self.history[-1]["round"] >= total_rounds
-            self.finish(trainer, "completed" if done else "interrupted")
+        """At the end of fit: ``completed``, or ``interrupted`` when the run ended short on its own.
+
+        Every round ran, or a callback stopped the run (``EarlyStopping``, Lightning's ``max_time``):
+        ``completed``, with ``stopped_early_round`` saying when in the latter case.
+        """
+        if self.status != "running":
+            return
+        done = bool(self.history) and self.history[-1]["round"] >= total_rounds
+        if not done and trainer.should_stop and self.history:
+            self.stopped_early_round = int(self.history[-1]["round"])
+            self.say(trainer, f"round {self.stopped_early_round}: stopped early by a callback (e.g. EarlyStopping)")
+            done = True
+        self.finish(trainer, "completed" if done else "interrupted")
 
     def end_with(self, trainer: L.Trainer, exception: BaseException) -> None:
         """After an exception: a signal or Ctrl-C leaves the run ``interrupted`` (resumable), others ``failed``."""
         if self.status != "running":
             return
-        if isinstance(exception, (KeyboardInterrupt, SIGTERMException)):
-            self.finish(trainer, "interrupted")
-        else:
-            self.finish(trainer, "failed", f"{type(exception).__name__}: {exception}")
+        try:
+            if isinstance(exception, (KeyboardInterrupt, SIGTERMException)):
+                self.finish(trainer, "interrupted")
+            else:
+                self.finish(trainer, "failed", f"{type(exception).__name__}: {exception}")
+        except OSError as err:  # nothing more can be written (a full disk): the exception itself still propagates
+            rank_zero_warn(f"could not record how the run ended ({err})")
 
     def collapsed_since(self, patience: int | None) -> int | None:
         """The first round of a collapse that spans the last ``patience`` evaluated rounds (else None).
@@ -239,14 +290,17 @@ class RunRecorder:
             out["client_state"] = self.client_state
         if self.diverged_round is not None:
             out["diverged_round"] = self.diverged_round
+        if self.stopped_early_round is not None:
+            out["stopped_early_round"] = self.stopped_early_round
         if self.error:
             out["error"] = self.error
         return out
 
     def say(self, trainer: L.Trainer, message: str) -> None:
-        """Print a line above the progress bar (rank 0 only)."""
+        """Print a line above the progress bar (rank 0 only); with fl_lightning's bar, on stdout even when it is off."""
         bar = trainer.progress_bar_callback
-        if isinstance(bar, TQDMProgressBar) and trainer.is_global_zero and bar.is_enabled:
+        ours = hasattr(bar, "close_bar")  # a RoundProgressBar: prints its lines even when it draws no bar
+        if isinstance(bar, TQDMProgressBar) and trainer.is_global_zero and (bar.is_enabled or ours):
             bar.print(message)
         else:
             rank_zero_info(message)
@@ -279,15 +333,46 @@ class RunRecorder:
         writer.writerows(self.history)
         write_text_atomic(self.run_dir / "metrics.csv", buf.getvalue())
 
+    def _write_final_files(self, trainer: L.Trainer, best_effort: bool = False) -> None:
+        """``metrics.csv``, ``curve.png`` and the loggers' summary; ``best_effort`` only warns when a write fails."""
+        try:
+            self._write_metrics()
+            faults.point("during-final-writes")
+            if self.plots and self.history:
+                from fl_lightning.plots import plot_curve
+
+                rounds = [int(row["round"]) for row in self.history]
+                accs = [row["global_acc"] for row in self.history]
+                info = self.info
+                title = (
+                    f"{info.get('method')} on {info.get('dataset')}, {info.get('partition')}, "
+                    f"{info.get('num_clients')} clients"
+                )
+                plot_curve(rounds, accs, self.run_dir / "curve.png", title, diverged_round=self.diverged_round)
+            self._send_summary(trainer)
+        except OSError as err:
+            if not best_effort:
+                raise
+            rank_zero_warn(f"could not write the final files ({err})")
+
     def _write_summary(self) -> None:
-        write_text_atomic(self.run_dir / "summary.json", json.dumps(self.summary(), indent=2))
+        text = json.dumps(self.summary(), indent=2)
+        try:
+            write_text_atomic(self.run_dir / "summary.json", text)
+        except OSError as err:
+            if not is_disk_full(err) or self.status in ("running", "completed"):
+                raise
+            # No room for a temporary: how the run ended goes into the old summary's own blocks.
+            overwrite_in_place(self.run_dir / "summary.json", text)
+        self._written_status = self.status
 
     def _log(self, trainer: L.Trainer, row: Mapping[str, float]) -> None:
         if not trainer.loggers:
             return
         metrics: dict[str, float] = {}
         for key, value in row.items():
-            if key in ("round", "clients", "elapsed_seconds"):
+            # The module's own metrics reach the loggers through Lightning, at the same (round) step.
+            if key in ("round", "clients", "elapsed_seconds") or key not in self._published:
                 continue
             if key.startswith("acc_class_"):
                 metrics[f"global_class/acc_{key[10:]}"] = value
@@ -310,7 +395,20 @@ class RunRecorder:
                         logger.log_image(key=f"plots/{name}", images=[str(path)])
 
 
-@functools.lru_cache(maxsize=1)
+def monitorable(row: Mapping[str, float]) -> dict[str, Any]:
+    """A round's row as callback metrics: every value under its column name and its logger key.
+
+    >>> sorted(monitorable({"global_acc": 0.5, "acc_class_3": 1.0}))
+    ['acc_class_3', 'global/acc', 'global_acc', 'global_class/acc_3']
+    """
+    out: dict[str, Any] = {}
+    for key, value in row.items():
+        value = torch.tensor(float(value))
+        out[key] = value
+        out[_LOGGER_KEYS.get(key, f"global_class/acc_{key[10:]}" if key.startswith("acc_class_") else key)] = value
+    return out
+
+
 def run_info(trainer: L.Trainer, module: L.LightningModule, datamodule: Any, **federation: Any) -> dict[str, Any]:
     """A run's identity for ``summary.json``: method, dataset, partition, clients, network, seed, precision, ...
 
@@ -331,6 +429,7 @@ def run_info(trainer: L.Trainer, module: L.LightningModule, datamodule: Any, **f
     }
 
 
+@functools.lru_cache(maxsize=1)
 def git_revision() -> str | None:
     """The short git revision of the fl_lightning checkout (None outside a git checkout)."""
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import shutil
@@ -13,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from fl_lightning.files import atomic_path, write_text_atomic
 from fl_lightning.metrics import rounds_to_target
 from fl_lightning.plots import (
     _pyplot,
@@ -185,11 +187,13 @@ def write_tables(summary: list[dict[str, Any]], out_dir: Path, title: str) -> tu
         "|" + "---|" * len(header),
     ]
     md += ["| " + " | ".join(r) + " |" for r in rows]
-    (out_dir / "results.md").write_text("\n".join(md) + "\n")
-    with open(out_dir / "results.csv", "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(header)
-        writer.writerows(rows)
+    # Whole files, under temporaries unique to this process: comparisons sharing an output folder never collide.
+    write_text_atomic(out_dir / "results.md", "\n".join(md) + "\n")
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    writer.writerow(header)
+    writer.writerows(rows)
+    write_text_atomic(out_dir / "results.csv", buf.getvalue())
     return out_dir / "results.md", out_dir / "results.csv"
 
 
@@ -214,10 +218,12 @@ def plot_curves(runs: Sequence[RunRef], setting: str, path: Path, smooth: int = 
         if rows:
             by_method[method].append({int(r["round"]): 100.0 * r["global_acc"] for r in rows})
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    plotted: set[int] = set()
     for i, (method, curves) in enumerate(by_method.items()):
         rounds = sorted(set.intersection(*(set(c) for c in curves)))
         if not rounds:
             continue
+        plotted.update(rounds)
         style = series_style(i)
         color = style["color"]
         acc = np.array([[c[r] for r in rounds] for c in curves])
@@ -234,7 +240,7 @@ def plot_curves(runs: Sequence[RunRef], setting: str, path: Path, smooth: int = 
             ax.fill_between(rounds, low, high, alpha=0.2, color=color)
         if method in diverged:
             mark_divergence(ax, diverged[method], color=color, label=f"{method} diverged")
-    integer_round_axis(ax)
+    integer_round_axis(ax, sorted(plotted))
     ax.set_ylabel("global test accuracy (%)")
     view = f", moving average over {smooth} rounds" if smooth > 1 else ""
     ax.set_title(f"{described} ({setting}){view}" if described else f"{setting}{view}")
@@ -272,7 +278,7 @@ def plot_class_heatmap(run_dir: Path, path: Path, title: str) -> Path | None:
         interpolation="nearest",
         extent=(data["rows"][0]["round"] - 0.5, data["rows"][-1]["round"] + 0.5, len(keys) - 0.5, -0.5),
     )
-    integer_round_axis(ax)
+    integer_round_axis(ax, [int(data["rows"][0]["round"]), int(data["rows"][-1]["round"])])
     ax.set_ylabel("class")
     from matplotlib.ticker import MaxNLocator
 
@@ -307,6 +313,7 @@ def write_report(name: str, output_dir: Path, runs: Sequence[RunRef], baseline: 
                 seen.add(method)
             part = run_dir / "partition.png"
             if part.exists() and not (out / f"partition_{setting}.png").exists():
-                shutil.copy(part, out / f"partition_{setting}.png")
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
+                with atomic_path(out / f"partition_{setting}.png") as tmp:
+                    shutil.copy(part, tmp)
+    write_text_atomic(out / "summary.json", json.dumps(summary, indent=2, default=float))
     return out

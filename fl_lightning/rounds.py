@@ -31,6 +31,7 @@ from torch import Tensor
 
 from fl_lightning.aggregation import StateAccumulator, UploadAccumulator
 from fl_lightning.distributed import all_gather_object, assign_clients
+from fl_lightning.evaluation import Evaluation
 from fl_lightning.metrics import forgetting_degree
 
 
@@ -148,14 +149,16 @@ class RoundState:
     An executor reports each training batch to :meth:`client_starting` / :meth:`step_loss` / :meth:`client_ending`
     and each finished client to :meth:`add_client`; the same code serves a method that trains a whole client per
     batch (``batches_per_client=None``: one batch each) and a module that trains one batch per local step (the
-    client's steps). After every client, :meth:`reduce` sums over processes and returns the weighted average of the
+    client's steps). ``batches_per_client`` may list more positions than :attr:`slots`: the empty updates that pad
+    a process's share, whose batches start and end no client; :meth:`is_last_batch` tells when the round's training
+    batches are done. After every client, :meth:`reduce` sums over processes and returns the weighted average of the
     weights and the reduced uploads.
 
     >>> import torch
     >>> plan = RoundPlan(0, clients=(3, 5), steps=(2, 1), local_epochs=1, lr_scale=1.0)
     >>> rnd = RoundState(plan, slots=[0, 1], weights=[0.25, 0.75], batches_per_client=plan.steps)
-    >>> [(rnd.client_starting(b), rnd.client_ending(b)) for b in range(3)]
-    [(0, None), (None, 0), (1, 1)]
+    >>> [(rnd.client_starting(b), rnd.client_ending(b), rnd.is_last_batch(b)) for b in range(3)]
+    [(0, None, False), (None, 0, False), (1, 1, True)]
     >>> rnd.add_client(0, {"w": torch.tensor([4.0])}, loss=0.5)
     True
     >>> rnd.add_client(1, {"w": torch.tensor([8.0])}, loss=0.1)
@@ -171,6 +174,7 @@ class RoundState:
     batches_per_client: Sequence[int] | None = None
     upload_reduce: Mapping[str, str] | None = None
     global_weights: dict[str, Tensor] = field(default_factory=dict)
+    lr: float = float("nan")  # the learning rate the round's clients train with
     started_at: float = 0.0
     received_class_acc: np.ndarray = field(default_factory=lambda: np.zeros(0))
     losses: dict[int, float] = field(default_factory=dict)
@@ -186,6 +190,7 @@ class RoundState:
         # Batch index -> position in `slots`, for the batches where a client starts and ends (none for padding).
         self._starts = {b: i for i, b in enumerate(bounds[:-1]) if i < len(self.slots) and per_client[i] > 0}
         self._ends = {b - 1: i for i, b in enumerate(bounds[1:]) if i < len(self.slots) and per_client[i] > 0}
+        self._last_batch = bounds[-1] - 1
         self._step_losses: list[Tensor] = []
         self._states = StateAccumulator()
         self._uploads = UploadAccumulator(self.upload_reduce)
@@ -204,6 +209,10 @@ class RoundState:
     def client_ending(self, batch_idx: int) -> int | None:
         """The position of the client whose last training batch is ``batch_idx``, if any."""
         return self._ends.get(batch_idx)
+
+    def is_last_batch(self, batch_idx: int) -> bool:
+        """Whether ``batch_idx`` is this process's last training batch of the round."""
+        return batch_idx >= self._last_batch
 
     def client_loss(self) -> Tensor:
         """The mean training loss over the current client's batches (0 when it reported none)."""
@@ -234,6 +243,10 @@ class RoundState:
         if client is not None and state is not None:
             self.client_states[client] = state
         return True
+
+    def add_local_eval(self, pos: int, result: Evaluation) -> None:
+        """A finished client's local model evaluated on the test set (``eval_local``)."""
+        self.local_evals[self.slots[pos]] = (result.acc, result.class_acc)
 
     def gather_divergence(self) -> list[str]:
         """Every process's divergence messages (all processes must call it together)."""

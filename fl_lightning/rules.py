@@ -6,7 +6,9 @@ refused, half precision needs a CUDA GPU, and checkpoints live in ``<default_roo
 a one-line ``ValueError`` that names the option, as ``trainer option <name>=<value>``, and says what to do instead.
 
 Plain functions of values (for the CLI, before anything is built) or of a built ``L.Trainer`` (for the Federation
-callback); nothing here imports the rest of the package.
+callback). Lightning's own features keep working beside the federation or are refused here with one line: an LR
+scheduler must step per round (``interval: "epoch"``) and is the round's schedule instead of ``lr_decay``; weight
+averaging callbacks are refused (they would average local models across clients, not the global model across rounds).
 """
 
 from __future__ import annotations
@@ -18,8 +20,14 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import (
+    LearningRateMonitor,
+    ModelCheckpoint,
+    StochasticWeightAveraging,
+    WeightAveraging,
+)
 
+from fl_lightning.checkpoint import AtomicLastCheckpoint
 from fl_lightning.data import FederatedDataModule
 from fl_lightning.module import FedAvg
 
@@ -137,6 +145,71 @@ def check_trainer(trainer: L.Trainer, exact_steps_method: str | None = None) -> 
     """
     check_round_options(trainer_round_options(trainer))
     check_precision(str(trainer.precision), trainer.strategy.root_device.type == "cpu", exact_steps_method)
+    check_callbacks(trainer)
+
+
+def check_callbacks(trainer: L.Trainer) -> None:
+    """Refuse the callbacks whose work would be wrong under a federation (weight averaging, per-step LR logging)."""
+    for callback in trainer.callbacks:
+        if isinstance(callback, LearningRateMonitor) and callback.logging_interval == "step":
+            raise ValueError(
+                "LearningRateMonitor(logging_interval='step') would log nothing under Federation (a round's LR is "
+                "the same for every local step); use logging_interval='epoch' (one value per round) or None"
+            )
+        if isinstance(callback, (StochasticWeightAveraging, WeightAveraging)):
+            raise ValueError(
+                f"{type(callback).__name__} is not supported with Federation: it averages the weights after every "
+                "training batch, which here is a client's local model, not the global model; remove it "
+                "(server-side averaging across rounds is a server optimizer: --federation.server_optimizer)"
+            )
+
+
+def check_lr_schedulers(trainer: L.Trainer, lr_decay: float) -> None:
+    """An LR scheduler steps once per round (``interval: "epoch"``) and replaces ``lr_decay`` (one per-round schedule).
+
+    A step-interval scheduler is refused: it would make a client's learning rate depend on how many local steps the
+    clients before it in the round took.
+    """
+    for config in trainer.lr_scheduler_configs:
+        name = type(config.scheduler).__name__
+        if config.interval != "epoch":
+            raise ValueError(
+                f"the LR scheduler {name} steps every {config.interval}: under Federation a client's LR would depend "
+                "on its place in the round; return it with interval 'epoch' (one step per round)"
+            )
+        if lr_decay != 1.0:
+            raise ValueError(
+                f"both lr_decay={lr_decay} and the LR scheduler {name} schedule the round's learning rate; "
+                "use one (--federation.lr_decay 1, or no scheduler in configure_optimizers)"
+            )
+
+
+def set_round_lr(trainer: L.Trainer, lr_scale: float) -> float:
+    """Set the LR of a round's clients and return it.
+
+    ``lr_0 · lr_decay^r`` (``lr_scale``), unless an LR scheduler owns the LR: then its value, which it set when it
+    stepped at the end of the previous round.
+    """
+    if not trainer.lr_scheduler_configs:
+        for opt in trainer.optimizers:
+            for group in opt.param_groups:
+                group.setdefault("fl_initial_lr", group["lr"])
+                group["lr"] = group["fl_initial_lr"] * lr_scale
+    return trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else float("nan")
+
+
+def step_lr_schedulers(trainer: L.Trainer, module: L.LightningModule) -> None:
+    """At a round's end, step the epoch-interval LR schedulers of a module with manual optimization (the methods).
+
+    Lightning steps them itself for automatic optimization, and never for manual; a ``ReduceLROnPlateau`` reads its
+    monitored key from the callback metrics (any key a round records, see ``RunRecorder.publish``).
+    """
+    if module.automatic_optimization:
+        return
+    for config in trainer.lr_scheduler_configs:
+        if (trainer.current_epoch + 1) % config.frequency == 0:
+            metric = trainer.callback_metrics.get(config.monitor) if config.reduce_on_plateau else None
+            module.lr_scheduler_step(config.scheduler, metric)
 
 
 def check_datamodule(datamodule: Any) -> FederatedDataModule:
@@ -223,8 +296,23 @@ def prepare_trainer(trainer: L.Trainer, rounds: int) -> None:
     if max_epochs == LIGHTNING_DEFAULT_MAX_EPOCHS:
         max_epochs = None
     trainer.fit_loop.max_epochs = check_max_epochs(max_epochs, rounds)
-    for callback in trainer.checkpoint_callbacks:
-        if isinstance(callback, ModelCheckpoint) and callback.dirpath is None:
-            callback.dirpath = str(checkpoint_dir(trainer.default_root_dir))
-            if callback.save_last is None:
-                callback.save_last = True
+    callbacks = trainer.callbacks
+    for i, callback in enumerate(callbacks):
+        if not isinstance(callback, ModelCheckpoint) or callback.dirpath is not None:
+            continue
+        if _is_default(callback):  # Lightning's own (or a bare ModelCheckpoint()): the run's one file, last.ckpt
+            callback = callbacks[i] = AtomicLastCheckpoint()
+        callback.dirpath = str(checkpoint_dir(trainer.default_root_dir))
+        if callback.save_last is None:
+            callback.save_last = True
+
+
+def _is_default(callback: ModelCheckpoint) -> bool:
+    """Whether a checkpoint callback has Lightning's defaults: no monitor, the best one of every epoch, no filename."""
+    return (
+        type(callback) is ModelCheckpoint
+        and callback.monitor is None
+        and callback.save_top_k == 1
+        and callback.filename is None
+        and callback.save_last is None
+    )

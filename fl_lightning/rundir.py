@@ -2,11 +2,15 @@
 
 A run directory holds one experiment. A new fit refuses a directory that already holds results unless told to
 replace them (``--overwrite`` moves the old run aside to ``<dir>.replaced-<time>``); a resume (``--ckpt_path``)
-first checks that the checkpoint loads and that everything that changes the science matches the saved run.
+first checks that the checkpoint is whole (its checksum), loads, and that everything that changes the science
+matches the saved run. A fit claims its directory (:func:`claim_run_dir`, an exclusive lock) before it checks it, and
+holds the claim until it ends, so that two fits never write into one directory.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import time
@@ -16,6 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from fl_lightning import faults
+from fl_lightning.files import DamagedCheckpoint, verify_checkpoint
 
 #: Config keys (dotted) that may differ between a run and its resume: they do not change what is trained.
 FREE_KEYS: tuple[str, ...] = (
@@ -56,8 +63,9 @@ class RunDirPlan:
     """What a fit does with its run directory.
 
     Attributes:
-        action: ``fresh`` (nothing there worth keeping), ``resume`` (continue from ``ckpt``) or ``replace``
-            (move the old run aside to ``aside`` first).
+        action: ``fresh`` (nothing there worth keeping), ``resume`` (continue from ``ckpt``), ``finish`` (every
+            round is done: restore ``ckpt``, write what is missing, mark the run completed) or ``replace`` (move the
+            old run aside to ``aside`` first).
         run_dir: the run directory.
         ckpt: the checkpoint a resume starts from.
         aside: where ``replace`` moves the old run.
@@ -208,10 +216,22 @@ def resolve_checkpoint(run_dir: Path, ckpt_path: str | os.PathLike[str]) -> Path
     return path
 
 
+def check_checkpoint_file(path: str | os.PathLike[str]) -> None:
+    """Verify a checkpoint's checksum before anything is read from it; a damaged or foreign file is a RunDirError."""
+    try:
+        verify_checkpoint(path)
+    except DamagedCheckpoint as err:
+        raise RunDirError(
+            f"{err}; it is damaged: resume from another checkpoint with --ckpt_path <file>, or start again with "
+            "--overwrite"
+        ) from err
+
+
 def load_checkpoint(path: Path) -> dict[str, Any]:
     """Load a checkpoint onto the CPU; a corrupt, truncated or foreign file is a :class:`RunDirError`."""
     import torch
 
+    check_checkpoint_file(path)
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as err:  # torch raises RuntimeError, EOFError, UnpicklingError, ... for a damaged file
@@ -231,6 +251,13 @@ def federation_state(ckpt: Mapping[str, Any]) -> dict[str, Any]:
         if str(key).startswith("Federation") and isinstance(value, dict):
             return value
     return {}
+
+
+def rounds_done(ckpt: Mapping[str, Any]) -> int:
+    """The last round a checkpoint recorded (0 for none); the last round of a run is always evaluated."""
+    state = federation_state(ckpt)
+    history = (state.get("record") or state).get("history") or []
+    return int(history[-1]["round"]) if history else 0
 
 
 def checkpoint_diff(ckpt: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
@@ -260,6 +287,22 @@ def checkpoint_diff(ckpt: Mapping[str, Any], new: Mapping[str, Any]) -> list[str
         if not _same(value, data[key]):
             out.append(f"data.{key}: {value} -> {data[key]}")
     return out
+
+
+def check_fresh_run_dir(run_dir: str | os.PathLike[str]) -> None:
+    """A new fit from Python (no checkpoint) refuses a directory that holds a run's results, as the CLI does.
+
+    The CLI checked it before anything was built (and ``--overwrite`` moved the old run aside); a plain
+    ``trainer.fit`` is checked here, before any of the run's files is written.
+    """
+    run_dir = Path(run_dir)
+    if has_results(run_dir):
+        summary = read_summary(run_dir)
+        what = f"a {run_status(summary)} run" if summary else "results of an earlier run"
+        raise RunDirError(
+            f"{run_dir} already holds {what}; resume it with trainer.fit(..., ckpt_path='last'), choose another "
+            "default_root_dir, or move it away first (the command line's --overwrite does that)"
+        )
 
 
 def check_run_dir(
@@ -329,7 +372,7 @@ def _check_resume(
     diff = checkpoint_diff(ckpt, new_config)
     if saved is not None:
         diff += [d for d in science_diff(saved, new_config) if d.split(":")[0] not in {x.split(":")[0] for x in diff}]
-    done = len(federation_state(ckpt).get("history", []) or [])
+    done = rounds_done(ckpt)
     rounds = (new_config.get("federation") or {}).get("rounds")
     if isinstance(rounds, int) and rounds < done and not any(d.startswith("federation.rounds") for d in diff):
         diff.append(f"federation.rounds: {rounds} is fewer than the {done} rounds the checkpoint has done")
@@ -341,17 +384,169 @@ def _check_resume(
         )
     if status == "diverged":
         raise RunDirError(f"{run_dir} holds a diverged run; there is nothing to resume (pass --overwrite to rerun it)")
-    if status == "completed" and isinstance(rounds, int) and summary and rounds <= int(summary.get("rounds", 0)):
+    finished = isinstance(rounds, int) and 0 < rounds <= done
+    same_rounds = isinstance(rounds, int) and summary and rounds <= int(summary.get("rounds", 0))
+    if status == "completed" and same_rounds and not (finished and _missing_files(run_dir, new_config)):
         raise RunDirError(
             f"{run_dir} holds a completed run of {summary.get('rounds')} rounds; there is nothing to resume "
             "(raise --federation.rounds to extend it, or pass --overwrite to rerun it)"
         )
+    if finished:
+        # Lightning trains nothing once max_epochs is reached; the Federation callback completes the record instead
+        # (and says so).
+        return RunDirPlan("finish", run_dir, ckpt=ckpt_file)
     return RunDirPlan("resume", run_dir, ckpt=ckpt_file)
 
 
+def _missing_files(run_dir: Path, config: Mapping[str, Any]) -> list[str]:
+    """The files a finished run lacks (a fault during its final writes, or deleted since)."""
+    wanted = ["summary.json", "metrics.csv"]
+    if (config.get("federation") or {}).get("plots", True):
+        wanted.append("curve.png")
+    return [name for name in wanted if not (run_dir / name).exists()]
+
+
 def move_aside(plan: RunDirPlan) -> Path | None:
-    """Carry out a ``replace`` plan: rename the old run directory to ``plan.aside`` (one atomic rename)."""
+    """Carry out a ``replace`` plan: rename the old run directory to ``plan.aside`` (one atomic rename).
+
+    A claim this process holds on the directory moves to the new, empty directory of the same name.
+    """
     if plan.action != "replace" or plan.aside is None:
         return None
+    held = _CLAIMS.pop(_claim_key(plan.run_dir), None)
     os.replace(plan.run_dir, plan.aside)
+    if held is not None:
+        try:
+            claim_run_dir(plan.run_dir)
+            _CLAIMS[_claim_key(plan.run_dir)].count = held.count
+        finally:
+            held.lock = plan.aside / LOCK_NAME  # the old run's lock file, now in the moved directory
+            held.close(unlink=True)
     return plan.aside
+
+
+# ---- claiming a run directory ----------------------------------------------------------------------------------------
+
+#: The lock file a fit holds in its run directory for its whole life (removed when it ends).
+LOCK_NAME = ".lock"
+
+
+@dataclass
+class _Claim:
+    fd: int
+    lock: Path
+    created: list[Path]  # the folders the claim made, innermost first (removed again if the fit leaves them empty)
+    count: int = 1
+
+    def close(self, unlink: bool) -> None:
+        try:
+            if unlink and _same_file(self.fd, self.lock):
+                self.lock.unlink(missing_ok=True)
+        finally:
+            os.close(self.fd)
+
+
+_CLAIMS: dict[Path, _Claim] = {}
+
+
+def _claim_key(run_dir: str | os.PathLike[str]) -> Path:
+    return Path(os.path.realpath(os.path.expanduser(run_dir)))
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except OSError:
+        return False
+
+
+def claim_run_dir(run_dir: str | os.PathLike[str]) -> Path:
+    """Claim ``run_dir`` for this process until :func:`release_run_dir`: an exclusive lock on ``<run dir>/.lock``.
+
+    Creates the directory if needed. A process claims a directory at most once at a time (a second claim by the same
+    process only counts); the operating system drops the lock when the process ends, however it ends.
+
+    Raises:
+        RunDirError: another process holds the claim (a fit is running there), or the directory cannot be written.
+    """
+    run_dir = Path(os.path.expanduser(run_dir))
+    key = _claim_key(run_dir)
+    if key in _CLAIMS:
+        _CLAIMS[key].count += 1
+        return run_dir
+    created = [folder for folder in (run_dir, *run_dir.parents) if not folder.exists()]
+    lock = run_dir / LOCK_NAME
+    for _ in range(10):  # retried when the lock file was removed by the fit that just ended
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:
+            raise RunDirError(
+                f"cannot write to {run_dir} ({err.strerror or err}); choose another --trainer.default_root_dir"
+            ) from err
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise RunDirError(
+                f"{run_dir} is in use by another fit (pid {holder}); wait for it to end or stop it, "
+                "or choose another --trainer.default_root_dir"
+            ) from None
+        except OSError as err:
+            if err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                os.close(fd)
+                raise
+            # a file system without locks: the directory check alone guards it
+        if _same_file(fd, lock):
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+            _CLAIMS[key] = _Claim(fd, lock, created)
+            return run_dir
+        os.close(fd)
+    raise RunDirError(f"could not claim {run_dir}: its lock file keeps changing; is another fit starting there?")
+
+
+def release_run_dir(run_dir: str | os.PathLike[str]) -> None:
+    """Undo one :func:`claim_run_dir`; the last one unlocks, and removes a directory the claim made if still empty."""
+    key = _claim_key(run_dir)
+    claim = _CLAIMS.get(key)
+    if claim is None:
+        return
+    claim.count -= 1
+    if claim.count > 0:
+        return
+    del _CLAIMS[key]
+    claim.close(unlink=True)
+    for folder in claim.created:  # only while empty: a fit refused or failed before writing anything
+        try:
+            folder.rmdir()
+        except OSError:
+            break
+
+
+def holds_claim(run_dir: str | os.PathLike[str]) -> bool:
+    """Whether this process holds the claim on ``run_dir``."""
+    return _claim_key(run_dir) in _CLAIMS
+
+
+class RunDirClaim:
+    """A fit's hold on its run directory: claimed when the fit sets up (one fit at a time), released when it ends."""
+
+    def __init__(self) -> None:
+        self.run_dir: Path | None = None
+
+    def acquire(self, run_dir: str | os.PathLike[str]) -> None:
+        """Claim ``run_dir`` (:func:`claim_run_dir`) unless this object already holds it."""
+        if self.run_dir is not None:
+            return
+        fresh = not holds_claim(run_dir)
+        self.run_dir = claim_run_dir(run_dir)
+        if fresh:
+            faults.point("after-claim")
+
+    def release(self) -> None:
+        """Let the directory go (:func:`release_run_dir`); nothing if not held."""
+        if self.run_dir is not None:
+            release_run_dir(self.run_dir)
+            self.run_dir = None

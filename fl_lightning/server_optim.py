@@ -289,7 +289,17 @@ class FedAdagrad(_AdaptiveServerOptimizer):
         v.add_(delta_sq)
 
 
-class FedAdam(_AdaptiveServerOptimizer):
+class _DecayingSecondMoment(_AdaptiveServerOptimizer):
+    """FedAdam's and FedYogi's common arguments: Algorithm 2 with a second-moment rate β2."""
+
+    _hparam_names = ("lr", "beta1", "beta2", "tau")
+
+    def __init__(self, lr: float = 0.01, beta1: float = 0.9, beta2: float = 0.99, tau: float = 1e-3) -> None:
+        super().__init__(lr=lr, beta1=beta1, tau=tau)
+        self.beta2 = _check_unit(type(self).__name__, "beta2", beta2)
+
+
+class FedAdam(_DecayingSecondMoment):
     """FedAdam (Reddi et al., ICLR 2021, Algorithm 2): v_t = β2·v_{t−1} + (1−β2)·Δ_t².
 
     With Δ_t = target − w_t, m_t = β1·m_{t−1} + (1−β1)·Δ_t, w_{t+1} = w_t + η·m_t / (√v_t + τ), m_{-1} = 0,
@@ -308,17 +318,11 @@ class FedAdam(_AdaptiveServerOptimizer):
     1.00951
     """
 
-    _hparam_names = ("lr", "beta1", "beta2", "tau")
-
-    def __init__(self, lr: float = 0.01, beta1: float = 0.9, beta2: float = 0.99, tau: float = 1e-3) -> None:
-        super().__init__(lr=lr, beta1=beta1, tau=tau)
-        self.beta2 = _check_unit(type(self).__name__, "beta2", beta2)
-
     def _second_moment_(self, v: Tensor, delta_sq: Tensor) -> None:
         v.mul_(self.beta2).add_(delta_sq, alpha=1.0 - self.beta2)
 
 
-class FedYogi(_AdaptiveServerOptimizer):
+class FedYogi(_DecayingSecondMoment):
     """FedYogi (Reddi et al., ICLR 2021, Algorithm 2): v_t = v_{t−1} − (1−β2)·Δ_t²·sign(v_{t−1} − Δ_t²).
 
     v moves toward Δ_t² by the additive step (1−β2)·Δ_t² instead of Adam's multiplicative decay. With
@@ -337,12 +341,6 @@ class FedYogi(_AdaptiveServerOptimizer):
     >>> round(opt.state["w"]["v"].item(), 8)  # 1e-6 + 0.01·0.04 (v < Δ², so v grows)
     0.000401
     """
-
-    _hparam_names = ("lr", "beta1", "beta2", "tau")
-
-    def __init__(self, lr: float = 0.01, beta1: float = 0.9, beta2: float = 0.99, tau: float = 1e-3) -> None:
-        super().__init__(lr=lr, beta1=beta1, tau=tau)
-        self.beta2 = _check_unit(type(self).__name__, "beta2", beta2)
 
     def _second_moment_(self, v: Tensor, delta_sq: Tensor) -> None:
         v.addcmul_(delta_sq, torch.sign(v - delta_sq), value=-(1.0 - self.beta2))

@@ -71,7 +71,7 @@ def test_built_in_net_is_seeded_by_the_data_seed(tmp_path):
             logger=False,
             enable_checkpointing=False,
             enable_progress_bar=False,
-            default_root_dir=str(tmp_path),
+            default_root_dir=str(tmp_path / f"{global_seed}-{data_seed}"),  # a new run: never over an earlier one
         )
         with pytest.raises(_Stop):
             trainer.fit(model, datamodule=dm)

@@ -255,6 +255,11 @@ class TestBadInput:
             ({"local_epochs": 0}, "local_epochs"),
             ({"aggregation": "median"}, "aggregation"),
             ({"lr_decay": 0.0}, "lr_decay"),
+            ({"eval_every": 0}, "eval_every"),
+            ({"client_state_mb": -1.0}, "client_state_mb"),
+            ({"collapse_rounds": 0}, "collapse_rounds"),
+            ({"server_lr": 0.0}, "lr must be"),
+            ({"server_momentum": 1.0}, "momentum must be"),
         ],
     )
     def test_federation(self, kwargs, match):

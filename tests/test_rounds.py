@@ -89,12 +89,14 @@ def test_more_processes_than_clients_is_refused():
 
 def test_batches_start_and_end_clients_in_both_batch_modes():
     plan = RoundPlan(0, clients=(4, 7, -1), steps=(3, 2, 0), local_epochs=1, lr_scale=1.0)
-    per_client = RoundState(plan, slots=[0, 1], weights=[0.5, 0.5])  # one batch per client; the third pads
+    per_client = RoundState(plan, slots=[0, 1], weights=[0.5, 0.5], batches_per_client=[1, 1, 1])  # the third pads
     assert [per_client.client_starting(b) for b in range(3)] == [0, 1, None]
     assert [per_client.client_ending(b) for b in range(3)] == [0, 1, None]
+    assert [per_client.is_last_batch(b) for b in range(3)] == [False, False, True]
     per_step = RoundState(plan, slots=[0, 1], weights=[0.5, 0.5], batches_per_client=plan.steps)
     assert [per_step.client_starting(b) for b in range(5)] == [0, None, None, 1, None]
     assert [per_step.client_ending(b) for b in range(5)] == [None, None, 0, None, 1]
+    assert [per_step.is_last_batch(b) for b in range(5)] == [False, False, False, False, True]
 
 
 def test_reduce_is_the_weighted_average_and_the_reduced_uploads():

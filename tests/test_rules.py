@@ -182,6 +182,9 @@ def test_prepare_trainer_puts_checkpoints_in_the_run_directory(tmp_path):
     rules.prepare_trainer(trainer, rounds=2)
     (default,) = trainer.checkpoint_callbacks
     assert Path(default.dirpath) == tmp_path / "run" / "checkpoints" and default.save_last is True
+    from fl_lightning.checkpoint import AtomicLastCheckpoint
+
+    assert isinstance(default, AtomicLastCheckpoint)  # one file, last.ckpt, instead of epoch=...-step=....ckpt
 
 
 def test_prepare_trainer_keeps_a_chosen_folder_and_save_last(tmp_path):

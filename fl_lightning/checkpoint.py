@@ -1,0 +1,59 @@
+"""The run's checkpoint: one file, ``<run dir>/checkpoints/last.ckpt``, replaced whole after every round."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
+from typing_extensions import override
+
+from fl_lightning import faults
+from fl_lightning.files import seal_checkpoint, temporary_name
+
+
+class AtomicLastCheckpoint(ModelCheckpoint):
+    """Keeps one checkpoint, ``checkpoints/last.ckpt``, replaced whole after every round (temp file + rename).
+
+    A process killed at any point leaves the previous round's checkpoint or the new one, never a cut file or a link
+    to a deleted file (Lightning's ``save_last="link"`` with ``save_top_k=1`` can leave either). Each checkpoint
+    carries its checksum (:func:`~fl_lightning.files.seal_checkpoint`); a write that fails (a full disk) removes its
+    temporary and leaves the previous checkpoint.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(save_top_k=0, save_last=True, enable_version_counter=False)
+
+    @override
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Save ``last.ckpt`` after every round."""
+        if not self._should_skip_saving_checkpoint(trainer):
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+    @override
+    def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
+        tmp = temporary_name(Path(filepath))
+        try:
+            super()._save_checkpoint(trainer, str(tmp))
+            if trainer.is_global_zero:
+                seal_checkpoint(tmp)
+                os.replace(tmp, filepath)
+        finally:
+            tmp.unlink(missing_ok=True)
+        trainer.strategy.barrier()
+        self._last_checkpoint_saved = filepath
+        if trainer.current_epoch + 1 >= (trainer.max_epochs or 0):
+            faults.point("after-last-checkpoint")
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore the checkpoint's bookkeeping, unless the run directory was moved: then there is nothing to restore.
+
+        There is no "best" checkpoint to remember (``save_top_k=0``) and ``last.ckpt`` is always the same file, so a
+        run resumed from a moved (or renamed) directory continues as it would have; Lightning's warning that
+        ``best_model_score`` "won't be reloaded" would only puzzle.
+        """
+        if state_dict.get("dirpath", self.dirpath) == self.dirpath:
+            super().load_state_dict(state_dict)

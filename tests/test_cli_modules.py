@@ -1,0 +1,182 @@
+"""Any LightningModule on the command line (``--model mypkg.MyModule``), and W&B names for a user's own data."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from helpers import read_summary
+
+from fl_lightning.cli import EXIT_CODES, resolve_config, run
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = "fl_cli_own"  # the user's package, written into a temporary folder on the path
+SOURCE = '''
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fl_lightning.data import DataSource
+
+
+class Plain(L.LightningModule):
+    """A plain module: takes the data's num_classes (linked), but not in_channels or image_size."""
+
+    def __init__(self, num_classes: int = 3, hidden: int = 16, lr: float = 0.1) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
+
+    def forward(self, x):
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.cross_entropy(self(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+
+class NotAModule:
+    def __init__(self, lr: float = 0.1) -> None:
+        self.lr = lr
+
+
+class Wine(DataSource):
+    name = "wine"
+
+    def __init__(self, test_size: float = 0.25, region: str = "north") -> None:
+        self.test_size, self.region = test_size, region
+
+
+class UnnamedSourceWithAVeryLongClassNameThatGoesOnAndOnPastSixtyFourCharacters(DataSource):
+    pass
+'''
+
+
+@pytest.fixture(scope="module")
+def own_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding the user's module ``fl_cli_own``, put on ``sys.path`` for in-process runs."""
+    folder = tmp_path_factory.mktemp("own")
+    (folder / f"{PACKAGE}.py").write_text(textwrap.dedent(SOURCE))
+    sys.path.insert(0, str(folder))
+    yield folder
+    sys.path.remove(str(folder))
+    sys.modules.pop(PACKAGE, None)
+
+
+def fit_args(run_dir: Path, *extra: str) -> list[str]:
+    return [
+        "fit",
+        "--config",
+        "quickstart",
+        "--data.num_clients",
+        "3",
+        "--federation.rounds",
+        "2",
+        "--federation.local_epochs",
+        "1",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.default_root_dir",
+        str(run_dir),
+        *extra,
+    ]
+
+
+def test_plain_module_by_class_path_runs(tmp_path, own_package):
+    # Before: "error: --model: Expected a path but fl_cli_own.Plain either not accessible or invalid" (exit 2).
+    run_dir = tmp_path / "r"
+    out = subprocess.run(
+        [sys.executable, "cli.py", *fit_args(run_dir, "--model", f"{PACKAGE}.Plain", "--model.hidden", "8")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(own_package)},
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    summary = read_summary(run_dir)
+    assert summary["status"] == "completed" and summary["rounds_done"] == 2 and summary["method"] == "Plain"
+    model = yaml.safe_load((run_dir / "config.yaml").read_text())["model"]
+    # The config's lr (0.05) carries over to the new class, as jsonargparse does for arguments of the same name.
+    assert model == {"class_path": f"{PACKAGE}.Plain", "init_args": {"hidden": 8, "lr": 0.05}}
+    # The data's num_classes reached the module (10 outputs, not its default 3); the links it has no argument for
+    # are neither passed nor recorded, so its checkpoint loads back.
+    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    hparams = ckpt["hyper_parameters"]
+    assert hparams["num_classes"] == 10 and "in_channels" not in hparams and "image_size" not in hparams
+    assert ckpt["state_dict"]["net.3.bias"].shape == (10,)
+
+
+def test_plain_module_help_and_methods_by_name(own_package, capsys):
+    assert run(["fit", "--model.help", f"{PACKAGE}.Plain"]) == 0
+    assert "--model.hidden" in capsys.readouterr().out
+    assert run(["fit", "--model.help", "FedNTD"]) == 0
+    assert "--model.beta" in capsys.readouterr().out
+    config = resolve_config(["fit", "--config", "quickstart", "--model", "fedntd"])
+    assert config["model"]["class_path"] == "fl_lightning.methods.FedNTD"
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        (["--model", f"{PACKAGE}.NotAModule"], f"error: --model: {PACKAGE}.NotAModule is not a LightningModule"),
+        (["--model", "torch.nn.Linear"], "error: --model: torch.nn.Linear is not a LightningModule"),
+        (["--model.class_path", f"{PACKAGE}.NotAModule"], f"error: --model: {PACKAGE}.NotAModule is not a Light"),
+        (["--model", f"{PACKAGE}.Nope"], f"error: --model: cannot import {PACKAGE}.Nope: module '{PACKAGE}' has no"),
+        (["--model", "no_such_pkg.Net"], "error: --model: cannot import no_such_pkg.Net: No module named 'no_such_"),
+        (["--data.dataset", f"{PACKAGE}.Plain"], f"error: --data.dataset: {PACKAGE}.Plain is not a DataSource"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else " ".join(v),
+)
+def test_unusable_class_is_one_line_with_the_reason(tmp_path, capsys, own_package, given, message):
+    # Before: "error: --model: Expected a path but ... either not accessible or invalid" for each of them.
+    assert run(fit_args(tmp_path / "r", *given)) == EXIT_CODES["bad input"]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(message), err
+    assert not (tmp_path / "r").exists()
+
+
+def test_not_a_module_from_yaml(tmp_path, capsys, own_package):
+    config = tmp_path / "mine.yaml"
+    config.write_text(yaml.safe_dump({"model": {"class_path": f"{PACKAGE}.NotAModule", "init_args": {"lr": 0.2}}}))
+    assert run(fit_args(tmp_path / "r", "--config", str(config))) == EXIT_CODES["bad input"]
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: --model: {PACKAGE}.NotAModule is not a LightningModule"
+    ]
+
+
+def _wandb_args(tmp_path: Path, *extra: str) -> dict:
+    config = resolve_config(fit_args(tmp_path / "r", "--trainer.logger", "WandbLogger", *extra))
+    return config["trainer"]["logger"]["init_args"]
+
+
+def test_wandb_group_and_tags_for_a_data_source(tmp_path, own_package, monkeypatch):
+    # Before: group "Namespace(class_path='fl_cli_own.Wine', init_args=Namespace(test_size=0.25, ...))_dirichlet",
+    # and W&B refused the run: a tag over 64 characters.
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    data = tmp_path / "data.yaml"
+    data.write_text(yaml.safe_dump({"data": {"dataset": {"class_path": f"{PACKAGE}.Wine", "init_args": {}}}}))
+    args = _wandb_args(tmp_path, "--config", str(data), "--model", f"{PACKAGE}.Plain", "--seed_everything", "2")
+    assert args["group"] == "wine_dirichlet" and args["tags"] == ["Plain", "wine", "dirichlet", "seed2"]
+    # On the command line, with a partition object: its label.
+    partition = '{"class_path": "fl_lightning.partitions.Dirichlet", "init_args": {"alpha": 0.1}}'
+    args = _wandb_args(tmp_path, "--data.dataset", f"{PACKAGE}.Wine", "--data.partition", partition)
+    assert args["group"] == "wine_dirichlet(0.1)" and args["tags"] == ["FedAvg", "wine", "dirichlet(0.1)", "seed0"]
+    # A source without a name goes by its class name, cut to W&B's 64 characters.
+    args = _wandb_args(
+        tmp_path,
+        "--data.dataset",
+        f"{PACKAGE}.UnnamedSourceWithAVeryLongClassNameThatGoesOnAndOnPastSixtyFourCharacters",
+    )
+    assert args["tags"][1].startswith("UnnamedSourceWithAVeryLong") and len(args["tags"][1]) == 64
+    assert all(len(tag) <= 64 for tag in args["tags"]) and len(args["group"]) <= 64

@@ -1,0 +1,275 @@
+"""Lightning's own tools next to Federation (issue: "Lightning's own tools work next to Federation"), engine side.
+
+LR schedulers set the LR of a round; validation, checkpoint monitoring and early stopping see the round's global
+model and every key a run logs; weight averaging is refused; one checkpoint file; Lightning's logged keys use the
+round as their step. (The model's use after fit, typing and quiet output: tests/test_lightning_contract.py.)
+"""
+
+from __future__ import annotations
+
+import csv
+
+import lightning as L
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import bare_trainer, read_metrics, read_summary
+from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint, StochasticWeightAveraging
+from lightning.pytorch.loggers import CSVLogger
+
+from fl_lightning import FedAvg, FederatedDataModule, Federation
+from fl_lightning.evaluation import evaluate
+
+
+def _dm(**kwargs):
+    args = {"num_clients": 3, "partition": "iid", "batch_size": 64, "holdout_per_class": 5, **kwargs}
+    return FederatedDataModule("digits", **args)
+
+
+def _model(cls=FedAvg, **kwargs):
+    L.seed_everything(0, verbose=False)
+    return cls(net="lenet", num_classes=10, in_channels=1, image_size=8, lr=0.1, **kwargs)
+
+
+class _StepLR(FedAvg):
+    """FedAvg whose configure_optimizers returns a StepLR; records the LR each client trained with."""
+
+    interval = "epoch"
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.used: dict[tuple[int, int], float] = {}
+
+    def configure_optimizers(self):
+        opt = torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": self.interval}}
+
+    def client_loss(self, x, y):
+        self.used[(self.client.round, self.client.client)] = self.optimizers().param_groups[0]["lr"]
+        return super().client_loss(x, y)
+
+
+class _PlainStepLR(L.LightningModule):
+    """An ordinary LightningModule (automatic optimization) with a per-epoch StepLR."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
+        self.used: list[tuple[int, float]] = []
+
+    def forward(self, x):
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        self.used.append((self.current_epoch, self.optimizers().param_groups[0]["lr"]))
+        x, y = batch
+        return F.cross_entropy(self(x), y)
+
+    def configure_optimizers(self):
+        opt = torch.optim.SGD(self.parameters(), lr=0.1)
+        return [opt], [torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)]
+
+
+# ---- LR schedulers ----------------------------------------------------------------------------------------------
+
+
+def test_an_epoch_scheduler_sets_the_lr_of_every_client_of_a_round(tmp_path):
+    model = _model(_StepLR)
+    bare_trainer(tmp_path, Federation(rounds=3)).fit(model, datamodule=_dm())
+    for (round_idx, _), lr in model.used.items():
+        assert lr == pytest.approx(0.1 * 0.5**round_idx), (round_idx, lr)
+    assert {r for r, _ in model.used} == {0, 1, 2}
+    logged = [float(row["lr"]) for row in read_metrics(tmp_path)]
+    assert logged == pytest.approx([0.1, 0.05, 0.025])  # the LR the round trained with
+
+
+def test_a_plain_modules_epoch_scheduler_steps_once_per_round(tmp_path):
+    model = _PlainStepLR()
+    bare_trainer(tmp_path, Federation(rounds=3)).fit(model, datamodule=_dm())
+    by_round = {}
+    for round_idx, lr in model.used:
+        by_round.setdefault(round_idx, set()).add(lr)
+    assert by_round == {0: {0.1}, 1: {0.05}, 2: {0.025}}
+    assert [float(row["lr"]) for row in read_metrics(tmp_path)] == pytest.approx([0.1, 0.05, 0.025])
+
+
+def test_a_step_interval_scheduler_is_refused(tmp_path):
+    model = _model(_StepLR)
+    model.interval = "step"
+    with pytest.raises(ValueError, match="interval 'epoch'"):
+        bare_trainer(tmp_path, Federation(rounds=2)).fit(model, datamodule=_dm())
+    assert not (tmp_path / "summary.json").exists()
+
+
+def test_a_scheduler_and_lr_decay_together_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="use one"):
+        bare_trainer(tmp_path, Federation(rounds=2, lr_decay=0.9)).fit(_model(_StepLR), datamodule=_dm())
+
+
+def test_a_scheduled_run_resumes_exactly(tmp_path):
+    bare_trainer(tmp_path / "full", Federation(rounds=3), enable_checkpointing=True).fit(
+        _model(_StepLR), datamodule=_dm()
+    )
+    bare_trainer(tmp_path / "cut", Federation(rounds=2), enable_checkpointing=True).fit(
+        _model(_StepLR), datamodule=_dm()
+    )
+    resumed = _model(_StepLR)
+    bare_trainer(tmp_path / "cut", Federation(rounds=3), enable_checkpointing=True).fit(
+        resumed, datamodule=_dm(), ckpt_path="last"
+    )
+    assert {r: lr for (r, _), lr in resumed.used.items()} == {2: pytest.approx(0.025)}
+    full, cut = read_metrics(tmp_path / "full"), read_metrics(tmp_path / "cut")
+    for key in ("global_acc", "global_loss", "train_loss", "lr"):
+        assert [row[key] for row in full] == [row[key] for row in cut], key
+
+
+# ---- validation and monitoring ----------------------------------------------------------------------------------
+
+
+class _Validated(FedAvg):
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        logits = self(x)
+        self.log("val_loss", F.cross_entropy(logits, y), reduce_fx="mean", batch_size=len(y))
+        self.log("val_acc", (logits.argmax(1) == y).float().mean(), batch_size=len(y))
+
+
+def test_validation_sees_the_global_model_of_the_round(tmp_path):
+    dm, model = _dm(), _model(_Validated)
+    trainer = bare_trainer(tmp_path, Federation(rounds=2), num_sanity_val_steps=0)
+    trainer.fit(model, datamodule=dm)
+    expected = evaluate(model, [(dm.aux_x, dm.aux_y)], 10, transform=lambda x: dm.transform(x, False))
+    assert float(trainer.callback_metrics["val_acc"]) == pytest.approx(expected.acc, abs=1e-6)
+    assert float(trainer.callback_metrics["val_loss"]) == pytest.approx(expected.loss, rel=1e-5)
+    rows = read_metrics(tmp_path)
+    assert float(rows[-1]["val_acc"]) == pytest.approx(expected.acc, abs=1e-6)  # recorded with its own round
+
+
+def test_a_users_validation_split_is_validated(tmp_path):
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    x = torch.tensor(x, dtype=torch.float32).reshape(-1, 1, 8, 8)
+    y = torch.tensor(y)
+    val = (x[1500:1600], y[1500:1600])
+    dm = FederatedDataModule.from_tensors(
+        x[:1200], y[:1200], x[1200:1500], y[1200:1500], val=val, num_clients=3, partition="iid", batch_size=64
+    )
+    model = _model(_Validated)
+    trainer = bare_trainer(tmp_path, Federation(rounds=2), num_sanity_val_steps=0)
+    trainer.fit(model, datamodule=dm)
+    expected = evaluate(model, [val], 10, transform=lambda t: dm.transform(t, False))
+    assert float(trainer.callback_metrics["val_acc"]) == pytest.approx(expected.acc, abs=1e-6)
+
+
+def test_a_best_checkpoint_holds_the_weights_that_scored_it(tmp_path):
+    dm, model = _dm(), _model(_Validated)
+    best = ModelCheckpoint(dirpath=tmp_path / "best", monitor="val_acc", mode="max", save_top_k=1)
+    trainer = bare_trainer(tmp_path, Federation(rounds=4), best, enable_checkpointing=True, num_sanity_val_steps=0)
+    trainer.fit(model, datamodule=dm)
+    reloaded = _Validated.load_from_checkpoint(best.best_model_path)
+    score = evaluate(reloaded, [(dm.aux_x, dm.aux_y)], 10, transform=lambda x: dm.transform(x, False))
+    assert score.acc == pytest.approx(float(best.best_model_score), abs=1e-6)
+
+
+@pytest.mark.parametrize("key", ["global/acc", "global_acc", "global/loss", "train/loss", "global/acc_best"])
+def test_every_logged_key_can_be_monitored(tmp_path, key):
+    mode = "min" if "loss" in key else "max"
+    best = ModelCheckpoint(dirpath=tmp_path / "best", monitor=key, mode=mode, save_top_k=1)
+    bare_trainer(tmp_path, Federation(rounds=2), best, enable_checkpointing=True).fit(_model(), datamodule=_dm())
+    rows = read_metrics(tmp_path)
+    column = {"global/acc": "global_acc", "global/loss": "global_loss", "train/loss": "train_loss"}.get(key, key)
+    column = "best_acc" if key == "global/acc_best" else column
+    values = [float(row[column]) for row in rows]
+    assert float(best.best_model_score) == pytest.approx(min(values) if mode == "min" else max(values))
+
+
+def test_early_stopping_ends_the_run_completed(tmp_path):
+    stop = EarlyStopping(monitor="global/acc", mode="max", patience=0, min_delta=0.5)
+    trainer = bare_trainer(tmp_path, Federation(rounds=6), stop)
+    trainer.fit(_model(), datamodule=_dm())
+    summary = read_summary(tmp_path)
+    assert summary["status"] == "completed"
+    assert summary["stopped_early_round"] == summary["rounds_done"] == 2 < summary["rounds"]
+    assert len(read_metrics(tmp_path)) == 2
+
+
+# ---- other callbacks, checkpoints, logger steps -------------------------------------------------------------------
+
+
+def test_weight_averaging_is_refused_before_anything_is_written(tmp_path):
+    swa = StochasticWeightAveraging(swa_lrs=0.01)
+    with pytest.raises(ValueError, match="StochasticWeightAveraging is not supported"):
+        bare_trainer(tmp_path, Federation(rounds=2), swa).fit(_model(), datamodule=_dm())
+    assert not (tmp_path / "summary.json").exists()
+
+
+def test_a_run_writes_one_checkpoint_file(tmp_path):
+    L.Trainer(
+        callbacks=[Federation(rounds=2)],
+        default_root_dir=tmp_path,
+        logger=False,
+        enable_progress_bar=False,
+        accelerator="cpu",
+    ).fit(_model(), datamodule=_dm())
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["last.ckpt"]
+
+
+def test_a_users_own_checkpoint_callback_is_kept(tmp_path):
+    mine = ModelCheckpoint(dirpath=tmp_path / "mine", monitor="global/acc", mode="max", save_top_k=2)
+    bare_trainer(tmp_path, Federation(rounds=3), mine, enable_checkpointing=True).fit(_model(), datamodule=_dm())
+    assert len(list((tmp_path / "mine").glob("*.ckpt"))) == 2
+
+
+def test_lightnings_logged_keys_use_the_round_as_step(tmp_path):
+    logger = CSVLogger(tmp_path / "csv", name="", version="")
+    bare_trainer(tmp_path, Federation(rounds=3), logger=logger, num_sanity_val_steps=0).fit(
+        _model(_Validated), datamodule=_dm()
+    )
+    with open(tmp_path / "csv" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    val_steps = [int(row["step"]) for row in rows if row.get("val_acc")]
+    fl_steps = [int(row["step"]) for row in rows if row.get("global/acc")]
+    assert val_steps == fl_steps == [1, 2, 3]
+
+
+# ---- the same safety in Python as on the command line -------------------------------------------------------------
+
+
+def test_a_second_python_fit_into_a_finished_run_is_refused(tmp_path):
+    def fit(**kwargs):
+        trainer = L.Trainer(
+            callbacks=[Federation(rounds=2)], default_root_dir=tmp_path, logger=False, enable_progress_bar=False
+        )
+        trainer.fit(_model(), datamodule=_dm(), **kwargs)
+
+    fit()
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    ckpts = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    with pytest.raises(ValueError, match="already holds a completed run"):
+        fit()
+    after = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    assert after == before  # summary.json, metrics.csv, ... untouched
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ckpts == ["last.ckpt"]
+
+
+@pytest.mark.parametrize(
+    ("option", "match"),
+    [({"fast_dev_run": True}, "fast_dev_run"), ({"max_steps": 5}, "max_steps"), ({"max_epochs": 7}, "max_epochs=7")],
+)
+def test_python_options_that_cut_rounds_are_refused_before_anything_is_written(tmp_path, option, match):
+    with pytest.raises(ValueError, match=match):
+        bare_trainer(tmp_path, Federation(rounds=2), **option).fit(_model(), datamodule=_dm())
+    assert not (tmp_path / "summary.json").exists() and not (tmp_path / "checkpoints").exists()
+
+
+def test_learning_rate_monitor_logs_the_lr_of_each_round(tmp_path):
+    logger = CSVLogger(tmp_path / "csv", name="", version="")
+    monitor = LearningRateMonitor(logging_interval="epoch")
+    bare_trainer(tmp_path, Federation(rounds=3), monitor, logger=logger).fit(_model(_StepLR), datamodule=_dm())
+    with open(tmp_path / "csv" / "metrics.csv") as f:
+        rows = [row for row in csv.DictReader(f) if row.get("lr-SGD")]
+    assert [(int(row["step"]), float(row["lr-SGD"])) for row in rows] == [(1, 0.1), (2, 0.05), (3, 0.025)]
+    with pytest.raises(ValueError, match="logging_interval='epoch'"):
+        bare_trainer(tmp_path / "b", Federation(rounds=1), LearningRateMonitor("step")).fit(_model(), datamodule=_dm())
