@@ -313,7 +313,7 @@ class Federation(Callback):
             new_global = self.server_optimizer.step(rnd.global_weights, new_global, server.param_keys)
         pl_module.load_state_dict(new_global)
         if (r + 1) % self.eval_every == 0 or r + 1 >= self.rounds:
-            self._evaluate_and_record(trainer, pl_module, rnd)
+            self._evaluate_round(trainer, pl_module, rnd)
         else:
             self.recorder.elapsed += time.perf_counter() - rnd.started_at
         self._round = None
@@ -334,21 +334,12 @@ class Federation(Callback):
             self.recorder.check_divergence(trainer, self.collapse_rounds, self.dm.num_test_classes)
         rules.step_lr_schedulers(trainer, pl_module)
 
-    def _evaluate_and_record(self, trainer: L.Trainer, pl_module: L.LightningModule, rnd: RoundState) -> None:
+    def _evaluate_round(self, trainer: L.Trainer, pl_module: L.LightningModule, rnd: RoundState) -> None:
         assert self.recorder is not None and self.dm is not None
         result = self.evaluate(pl_module, trainer)
         round_seconds = time.perf_counter() - rnd.started_at
         self.recorder.elapsed += round_seconds
-        measured: dict[str, float] = {
-            "round": rnd.plan.round + 1,
-            "global_acc": result.acc,
-            "global_loss": result.loss,
-            "train_loss": rnd.train_loss,
-            "lr": rnd.lr,
-            "clients": len(rnd.plan.clients),
-            "round_seconds": round_seconds,
-        }
-        measured.update(rnd.local_metrics())
+        measured = rnd.measurements(result, round_seconds)
         if len(self.client_states):
             self.recorder.client_state = self.client_states.usage()
         # Recorded at the epoch's end, after Lightning's validation of this global model, whose metrics join the row.

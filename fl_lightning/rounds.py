@@ -272,6 +272,19 @@ class RoundState:
                 self.local_evals.update(evals)
         return self._states.result(dtypes), self._uploads.result()
 
+    def measurements(self, result: Evaluation, seconds: float) -> dict[str, float]:
+        """The round's ``metrics.csv`` measurements, with the global model's evaluation ``result``."""
+        return {
+            "round": self.plan.round + 1,
+            "global_acc": result.acc,
+            "global_loss": result.loss,
+            "train_loss": self.train_loss,
+            "lr": self.lr,
+            "clients": len(self.plan.clients),
+            "round_seconds": seconds,
+            **self.local_metrics(),
+        }
+
     def local_metrics(self) -> dict[str, float]:
         """With local evaluations: the clients' mean accuracy AccL and mean forgetting degree τ (else nothing).
 
