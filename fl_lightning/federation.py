@@ -192,6 +192,8 @@ class Federation(Callback):
         run_dir = Path(trainer.default_root_dir)
         spill = run_dir / "client_state" if self.client_state_mb is not None else None
         self.client_states = ClientStateStore(self.client_state_mb, spill)
+        self.server_state = {}  # a new fit starts afresh; a checkpoint restores these (load_state_dict)
+        self.server_optimizer.reset()
         info = run_info(
             trainer, pl_module, dm, sample_ratio=self.sample_ratio, local_epochs=self.local_epochs, seed=self.seed
         )

@@ -370,9 +370,11 @@ class RunRecorder:
         if not trainer.loggers:
             return
         metrics: dict[str, float] = {}
+        per_step = _step_only_keys(trainer)
         for key, value in row.items():
-            # The module's own metrics reach the loggers through Lightning, at the same (round) step.
-            if key in ("round", "clients", "elapsed_seconds") or key not in self._published:
+            # A module's metrics go to the loggers through Lightning (validation, epoch-level ones), at the round step,
+            # except those logged on step only, which Lightning sends every log_every_n_steps (off under Federation).
+            if key in ("round", "clients", "elapsed_seconds") or (key not in self._published and key not in per_step):
                 continue
             if key.startswith("acc_class_"):
                 metrics[f"global_class/acc_{key[10:]}"] = value
@@ -393,6 +395,13 @@ class RunRecorder:
                     path = self.run_dir / f"{name}.png"
                     if path.exists():
                         logger.log_image(key=f"plots/{name}", images=[str(path)])
+
+
+def _step_only_keys(trainer: L.Trainer) -> set[str]:
+    """The names a module logged in training with ``on_step`` only (read from Lightning's training results)."""
+    results = getattr(trainer, "_results", None) or {}
+    metas = (getattr(result, "meta", None) for result in results.values())
+    return {m.name for m in metas if m is not None and m.logger and m.on_step and not m.on_epoch}
 
 
 def monitorable(row: Mapping[str, float]) -> dict[str, Any]:

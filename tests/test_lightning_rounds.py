@@ -273,3 +273,21 @@ def test_learning_rate_monitor_logs_the_lr_of_each_round(tmp_path):
     assert [(int(row["step"]), float(row["lr-SGD"])) for row in rows] == [(1, 0.1), (2, 0.05), (3, 0.025)]
     with pytest.raises(ValueError, match="logging_interval='epoch'"):
         bare_trainer(tmp_path / "b", Federation(rounds=1), LearningRateMonitor("step")).fit(_model(), datamodule=_dm())
+
+
+class _LogsPerStep(FedAvg):
+    def client_loss(self, x, y):
+        loss = super().client_loss(x, y)
+        self.log("my/step_loss", loss)  # a training-step metric: Lightning itself would log it every n steps
+        return loss
+
+
+def test_a_methods_step_metric_reaches_the_loggers_once_per_round(tmp_path):
+    logger = CSVLogger(tmp_path / "csv", name="", version="")
+    bare_trainer(tmp_path, Federation(rounds=3), logger=logger, num_sanity_val_steps=0).fit(
+        _model(_LogsPerStep), datamodule=_dm()
+    )
+    with open(tmp_path / "csv" / "metrics.csv") as f:
+        steps = [int(row["step"]) for row in csv.DictReader(f) if row.get("my/step_loss")]
+    assert steps == [1, 2, 3]
+    assert [float(row["my/step_loss"]) > 0 for row in read_metrics(tmp_path)] == [True] * 3
