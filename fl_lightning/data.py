@@ -1007,6 +1007,8 @@ class FederatedDataModule(L.LightningDataModule):
             if isinstance(batch, Tensor):
                 return transform(batch, train=False)
             return [transform(batch[0], train=False), *batch[1:]]  # type: ignore[return-value]
+        if isinstance(batch, Tensor):  # an export's input sample (to_onnx, to_torchscript): the model's own input
+            return batch
         x, y = batch
         training = self.trainer is not None and self.trainer.training
         return transform(x, train=training), y
