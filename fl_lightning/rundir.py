@@ -290,18 +290,22 @@ def checkpoint_diff(ckpt: Mapping[str, Any], new: Mapping[str, Any]) -> list[str
 
 
 def check_fresh_run_dir(run_dir: str | os.PathLike[str]) -> None:
-    """A new fit from Python (no checkpoint) refuses a directory that holds a run's results, as the CLI does.
+    """A fit that starts afresh (no checkpoint restored) refuses a directory holding a finished or resumable run.
 
-    The CLI checked it before anything was built (and ``--overwrite`` moved the old run aside); a plain
-    ``trainer.fit`` is checked here, before any of the run's files is written.
+    The command line checked the directory before anything was built (:func:`check_run_dir`; ``--overwrite`` moved
+    an old run aside); this is the same rule for a plain ``trainer.fit``, checked before any of the run's files is
+    written. A run that ended ``completed`` or ``diverged``, or left a checkpoint, is kept; one killed before its
+    first checkpoint has nothing to resume and, unfinished, nothing to protect (as for ``--ckpt_path last``).
     """
     run_dir = Path(run_dir)
-    if has_results(run_dir):
-        summary = read_summary(run_dir)
-        what = f"a {run_status(summary)} run" if summary else "results of an earlier run"
+    status = run_status(read_summary(run_dir))
+    resumable = any((run_dir / "checkpoints").glob("[!.]*.ckpt"))
+    if status in ("completed", "diverged") or (resumable and has_results(run_dir)):
+        finished = status in ("completed", "diverged")
+        hint = "" if finished else "resume it with trainer.fit(..., ckpt_path='last'), "
         raise RunDirError(
-            f"{run_dir} already holds {what}; resume it with trainer.fit(..., ckpt_path='last'), choose another "
-            "default_root_dir, or move it away first (the command line's --overwrite does that)"
+            f"{run_dir} already holds a {status} run; {hint}choose another default_root_dir, or move it away first "
+            "(the command line's --overwrite does that)"
         )
 
 

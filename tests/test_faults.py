@@ -615,3 +615,14 @@ def test_run_state_resumes_a_failed_run_with_a_checkpoint(copy):
     summary.update(status="failed", error="OSError: [Errno 28] No space left on device")
     (copy / "summary.json").write_text(json.dumps(summary))
     assert Run("s", "fedavg", 0, Path("x"), copy).state() == "partial"
+
+
+@pytest.mark.slow
+def test_a_run_killed_before_its_first_checkpoint_starts_again_on_resume(tmp_path):
+    # The round was recorded, the checkpoint never written: `--ckpt_path last` has nothing to resume and starts anew.
+    run_dir = tmp_path / "run"
+    proc = subprocess_fit(run_dir, "after-last-round:SIGKILL", "--federation.rounds", "1")
+    proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGKILL and not (run_dir / "checkpoints").exists()
+    assert cli.run(fit_args(run_dir, "--ckpt_path", "last", rounds=2)) == 0
+    assert read_summary(run_dir)["status"] == "completed" and len(rows(run_dir)) == 2

@@ -291,3 +291,11 @@ def test_a_methods_step_metric_reaches_the_loggers_once_per_round(tmp_path):
         steps = [int(row["step"]) for row in csv.DictReader(f) if row.get("my/step_loss")]
     assert steps == [1, 2, 3]
     assert [float(row["my/step_loss"]) > 0 for row in read_metrics(tmp_path)] == [True] * 3
+
+
+def test_a_python_fit_may_start_over_a_run_killed_before_its_first_checkpoint(tmp_path):
+    # what --ckpt_path last does on the command line: nothing to resume, nothing finished to protect
+    (tmp_path / "metrics.csv").write_text("round,global_acc\n1,0.5\n")
+    (tmp_path / "summary.json").write_text('{"status": "interrupted", "rounds_done": 1}')
+    bare_trainer(tmp_path, Federation(rounds=1)).fit(_model(), datamodule=_dm())
+    assert read_summary(tmp_path)["status"] == "completed"
