@@ -148,7 +148,17 @@ def _is_terminal(stream: Any) -> bool:
         return False
 
 
-class RoundProgressBar(TQDMProgressBar):
+class _CountsClients:
+    """Mixed into a progress bar: a round's bar counts its clients, not its training batches."""
+
+    @property
+    def total_train_batches(self) -> int | float:
+        """The round's clients (Lightning's count, of training batches, outside a federation)."""
+        progress = round_clients(self.trainer, 0)  # type: ignore[attr-defined]
+        return progress[1] if progress is not None else super().total_train_batches  # type: ignore[misc]
+
+
+class RoundProgressBar(_CountsClients, TQDMProgressBar):
     """A progress bar in rounds: ``round r/R`` and ``client i/k`` of the round, with the round's elapsed time.
 
     One Lightning epoch is one round and one training batch is one client's whole local update, so the batch
@@ -199,13 +209,6 @@ class RoundProgressBar(TQDMProgressBar):
         if self._train_progress_bar is not None:
             self._train_progress_bar.close()
             self._train_progress_bar = None
-
-    @property
-    @override
-    def total_train_batches(self) -> int | float:
-        """The round's clients (Lightning's count, of training batches, outside a federation)."""
-        progress = round_clients(self.trainer, 0)
-        return progress[1] if progress is not None else super().total_train_batches
 
     @override
     def on_train_start(self, *_: Any) -> None:
@@ -264,24 +267,16 @@ class RoundProgressBar(TQDMProgressBar):
         return round_metrics(super().get_metrics(trainer, pl_module), trainer)
 
 
-class RichRoundProgressBar(RichProgressBar):
+class RichRoundProgressBar(_CountsClients, RichProgressBar):
     """Lightning's ``RichProgressBar`` in rounds: ``round r/R``, clients done of the round's, the last round's accuracy.
 
     It needs ``rich``, as Lightning's bar does, and takes the same arguments. Outside a federation's rounds
     (validate, test, predict) it is Lightning's bar.
     """
 
-    @property
-    @override
-    def total_train_batches(self) -> int | float:
-        """The round's clients (Lightning's count, of training batches, outside a federation)."""
-        progress = round_clients(self.trainer, 0)
-        return progress[1] if progress is not None else super().total_train_batches
-
     @override
     def _get_train_description(self, current_epoch: int) -> str:
-        rounds = federation_rounds(self.trainer)
-        description = f"round {current_epoch + 1}/{rounds if rounds is not None else '?'}"
+        description = RoundProgressBar.round_label(self.trainer)
         return f"{description:{len(self.validation_description)}}"  # as Lightning's: no flicker next to validation
 
     @override

@@ -11,6 +11,19 @@ import lightning as L
 
 from fl_lightning import FedAvg, FederatedDataModule, Federation
 
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def quickstart_fit_args(run_dir: Path, *extra: str, rounds: int = 3) -> list[str]:
+    """``cli.py`` arguments of a tiny quickstart fit (3 clients, 1 local epoch, no progress bar) into ``run_dir``."""
+    return [
+        "fit",
+        *("--config", str(ROOT / "configs/quickstart.yaml")),
+        *("--data.num_clients", "3", "--federation.local_epochs", "1", "--federation.rounds", str(rounds)),
+        *("--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(run_dir)),
+        *extra,
+    ]
+
 
 def bare_trainer(root: str | Path, *callbacks: L.Callback, **overrides: Any) -> L.Trainer:
     """A CPU Trainer for a federation in a test: no logger, checkpoint, progress bar or model summary."""

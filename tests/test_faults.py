@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import read_summary, tiny_run
+from helpers import quickstart_fit_args, read_summary, tiny_run
 
 from fl_lightning import cli
 from fl_lightning.compare import CompareSpec, Run, _fit_args
@@ -39,23 +39,7 @@ TIMING = {"round_seconds", "elapsed_seconds"}
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
-def fit_args(run_dir: Path, *extra: str, rounds: int = 3) -> list[str]:
-    return [
-        "fit",
-        "--config",
-        str(ROOT / "configs/quickstart.yaml"),
-        "--data.num_clients",
-        "3",
-        "--federation.local_epochs",
-        "1",
-        "--federation.rounds",
-        str(rounds),
-        "--trainer.enable_progress_bar",
-        "false",
-        "--trainer.default_root_dir",
-        str(run_dir),
-        *extra,
-    ]
+fit_args = quickstart_fit_args
 
 
 def subprocess_fit(run_dir: Path, fault: str, *extra: str, **kwargs) -> subprocess.Popen:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import logging
 import shutil
@@ -345,6 +346,7 @@ class _BarCounts(L.Callback):
             self.seen.append((trainer.current_epoch, batch_idx, bar.n, bar.total))
 
 
+@pytest.mark.skipif(importlib.util.find_spec("rich") is not None, reason="with rich, Lightning's default bar is Rich's")
 @pytest.mark.parametrize("module", [FedAvg(net="lenet"), PlainClassifier()], ids=["method", "plain module"])
 def test_lightning_progress_bar_counts_rounds_and_clients(tmp_path, capsys, module):
     dm = FederatedDataModule("digits", num_clients=3, partition="iid", batch_size=32)

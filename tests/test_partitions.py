@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from helpers import read_summary
+from helpers import quickstart_fit_args, read_summary
 
 from fl_lightning.partitions import (
     IID,
@@ -470,24 +470,9 @@ def test_cli_partition_object_tiny_run_and_resume(tmp_path):
     run_dir = tmp_path / "run"
 
     def fit(rounds, *extra):
-        return [
-            "fit",
-            "--config",
-            str(ROOT / "configs/quickstart.yaml"),
-            "--data.num_clients",
-            "3",
-            "--federation.local_epochs",
-            "1",
-            "--federation.rounds",
-            str(rounds),
-            "--trainer.enable_progress_bar",
-            "false",
-            "--trainer.default_root_dir",
-            str(run_dir),
-            "--data.partition.class_path",
-            "fl_lightning.partitions.Shard",
-            *extra,
-        ]
+        return quickstart_fit_args(
+            run_dir, "--data.partition.class_path", "fl_lightning.partitions.Shard", *extra, rounds=rounds
+        )
 
     cli_main(fit(1))
     summary = read_summary(run_dir)
