@@ -214,11 +214,35 @@ class StreamedClientBatches:
         return StreamedClientBatches(self.stream, self.start, self.count, transform, self.device)
 
 
+class ClientGroup:
+    """Several clients' local batches of a round, trained together by the batched engine as one training batch.
+
+    ``run`` is attached by the engine when the batch starts (:class:`~fl_lightning.batched.BatchedClients`); the
+    method's ``training_step`` calls it.
+    """
+
+    def __init__(self, clients: list[ClientBatches]) -> None:
+        self.clients = clients
+        self.run: Callable[..., Tensor | None] | None = None
+
+    def __len__(self) -> int:
+        return len(self.clients)
+
+    def to(self, device: torch.device | str, **kwargs: Any) -> ClientGroup:
+        """The same clients' batches on ``device`` (Lightning's batch transfer calls this)."""
+        return ClientGroup([c.to(device, **kwargs) for c in self.clients])
+
+    def with_transform(self, transform: Callable[[Tensor], Tensor]) -> ClientGroup:
+        """The same batches, each passed through ``transform`` when iterated."""
+        return ClientGroup([c.with_transform(transform) for c in self.clients])
+
+
 class RoundBatches:
     """Iterable over one round's clients: each planned client in turn, as a :class:`ClientBatches`.
 
     A client's batches are its ``local_epochs`` shuffled passes over its data. With ``flat=True`` it yields every
-    local ``(x, y)`` batch of every client in order instead (for modules that train one Lightning batch per step).
+    local ``(x, y)`` batch of every client in order instead (for modules that train one Lightning batch per step);
+    with ``group=n``, a :class:`ClientGroup` of up to ``n`` consecutive clients per item (the batched engine).
 
     Shuffling uses a generator seeded by (seed, round, client), so a round's batches do not depend on what ran
     before it; that is what makes an interrupted run resume bit-for-bit. When ``x`` is a :class:`DatasetReader`
@@ -233,6 +257,7 @@ class RoundBatches:
         drop_last: drop each client's last incomplete batch of an epoch.
         seed: seed of the shuffling.
         flat: iterate over single local batches rather than over clients.
+        group: iterate over groups of this many clients (``None``: one client per item).
     """
 
     def __init__(
@@ -245,7 +270,11 @@ class RoundBatches:
         drop_last: bool,
         seed: int,
         flat: bool = False,
+        group: int | None = None,
     ) -> None:
+        if group is not None and (flat or isinstance(x, DatasetReader) or group < 1):
+            raise ValueError("client groups need in-memory data, whole clients per item and a group size >= 1")
+        self.group = group
         self.x, self.y = x, y
         self.client_indices = client_indices
         self.plan = plan
@@ -255,6 +284,8 @@ class RoundBatches:
         self.flat = flat
 
     def __len__(self) -> int:
+        if self.group is not None:
+            return -(-len(self.plan.clients) // self.group)
         if not self.flat:
             return len(self.plan.clients)
         return sum(
@@ -262,8 +293,12 @@ class RoundBatches:
             for c in self.plan.clients
         )
 
-    def __iter__(self) -> Iterator[ClientBatches | StreamedClientBatches | tuple[Tensor, Tensor]]:
-        if self.flat:
+    def __iter__(self) -> Iterator[ClientGroup | ClientBatches | StreamedClientBatches | tuple[Tensor, Tensor]]:
+        if self.group is not None:
+            clients = list(self._clients())
+            for start in range(0, len(clients), self.group):
+                yield ClientGroup(clients[start : start + self.group])
+        elif self.flat:
             yield from self.batches()
         elif isinstance(self.x, DatasetReader):
             # client -1: an empty update that keeps processes in step (Federation.local_plan)
@@ -274,12 +309,16 @@ class RoundBatches:
                 yield StreamedClientBatches(stream, start, len(batches))
                 start += len(batches)
         else:
-            for client in self.plan.clients:
-                if client < 0:  # padding that keeps processes in step (Federation.local_plan)
-                    yield ClientBatches(self.x[:0], self.y[:0], [])
-                    continue
-                idx = self.client_indices[client]
-                yield ClientBatches(self.x[idx], self.y[idx], list(self._positions(client)))
+            yield from self._clients()
+
+    def _clients(self) -> Iterator[ClientBatches]:
+        assert isinstance(self.x, Tensor)
+        for client in self.plan.clients:
+            if client < 0:  # padding that keeps processes in step (Federation.local_plan)
+                yield ClientBatches(self.x[:0], self.y[:0], [])
+                continue
+            idx = self.client_indices[client]
+            yield ClientBatches(self.x[idx], self.y[idx], list(self._positions(client)))
 
     def _positions(self, client: int) -> Iterator[Tensor]:
         """Positions, within the client's data, of each of its local batches this round, in training order."""
@@ -886,6 +925,12 @@ class FederatedDataModule(L.LightningDataModule):
             **fields,
         )
 
+    def input_sample(self, device: torch.device | str = "cpu") -> Tensor:
+        """One training input as a network receives it (normalised, not augmented), on ``device``."""
+        assert self.transform is not None, "input_sample needs setup() first"
+        x = self.train_x[:1] if self.train_x is not None else self._train_reader.read([0])[0]
+        return self.transform(x.to(device), False)[0]
+
     def client_data(self, client: int) -> tuple[Tensor, Tensor]:
         """A client's raw inputs (as stored, e.g. uint8) and labels; a streamed dataset reads only its items."""
         idx = self.client_indices[client]
@@ -934,14 +979,23 @@ class FederatedDataModule(L.LightningDataModule):
                 "add fl_lightning.Federation to the Trainer's callbacks"
             )
         assert self.trainer is not None
-        return self.round_batches(planner.local_plan(self.trainer.current_epoch), flat=not planner.client_batches)
+        plan = planner.local_plan(self.trainer.current_epoch)
+        return self.round_batches(plan, flat=not planner.client_batches, group=getattr(planner, "client_group", None))
 
-    def round_batches(self, plan: RoundPlan, flat: bool = False) -> RoundBatches:
-        """The local batches of ``plan``'s clients (``flat``: one local batch per item, else one client per item)."""
+    def round_batches(self, plan: RoundPlan, flat: bool = False, group: int | None = None) -> RoundBatches:
+        """The local batches of ``plan``'s clients: one client per item, one local batch (``flat``), or ``group``s."""
         source = self.train_x if self.train_x is not None else self._train_reader
         assert source is not None
         return RoundBatches(
-            source, self.train_y, self.client_indices, plan, self.batch_size, self.drop_last, self.seed, flat=flat
+            source,
+            self.train_y,
+            self.client_indices,
+            plan,
+            self.batch_size,
+            self.drop_last,
+            self.seed,
+            flat=flat,
+            group=group,
         )
 
     def val_dataloader(self) -> DataLoader | list:
@@ -991,15 +1045,15 @@ class FederatedDataModule(L.LightningDataModule):
         )
 
     def on_after_batch_transfer(
-        self, batch: ClientBatches | StreamedClientBatches | tuple[Tensor, Tensor], dataloader_idx: int
-    ) -> ClientBatches | StreamedClientBatches | tuple[Tensor, Tensor]:
+        self, batch: ClientGroup | ClientBatches | StreamedClientBatches | tuple[Tensor, Tensor], dataloader_idx: int
+    ) -> ClientGroup | ClientBatches | StreamedClientBatches | tuple[Tensor, Tensor]:
         """Convert to float, augment (training only) and normalise, on the batch's device.
 
         Prediction batches stay raw for a module that normalises its own inputs (a method's ``input_normalization``).
         """
         assert self.transform is not None
         transform = self.transform
-        if isinstance(batch, ClientBatches | StreamedClientBatches):
+        if isinstance(batch, ClientBatches | StreamedClientBatches | ClientGroup):
             return batch.with_transform(lambda x: transform(x, train=True))
         if self.trainer is not None and self.trainer.predicting:
             if isinstance(getattr(self.trainer.lightning_module, "input_normalization", None), InputNormalization):

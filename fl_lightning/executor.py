@@ -20,7 +20,7 @@ from fl_lightning.data import FederatedDataModule
 from fl_lightning.distributed import to_device
 from fl_lightning.evaluation import Evaluation
 from fl_lightning.module import FedAvg, FederatedHooks
-from fl_lightning.rounds import RoundState, round_seed
+from fl_lightning.rounds import RoundState, round_seed, seed_torch
 from fl_lightning.state import ClientStateStore
 
 
@@ -53,7 +53,7 @@ class SequentialClients:
         """Train ``rnd``'s clients next; every client receives the method's ``payload``."""
         self.round, self.payload, self.client = rnd, payload, None
 
-    def on_batch_start(self, trainer: L.Trainer, module: L.LightningModule, batch_idx: int) -> None:
+    def on_batch_start(self, trainer: L.Trainer, module: L.LightningModule, batch: Any, batch_idx: int) -> None:
         """At a client's first batch: the global weights, a fresh optimizer, its seed, context, teacher and hook."""
         rnd = self.round
         assert rnd is not None
@@ -67,7 +67,7 @@ class SequentialClients:
         for opt in trainer.optimizers:
             opt.state.clear()
         # Seeded per client, so a client's random draws do not depend on which clients ran before it (or where).
-        torch.manual_seed(round_seed(self.seed, rnd.plan.round, client, 1))
+        seed_torch(round_seed(self.seed, rnd.plan.round, client, 1))
         self.client = ctx = self.dm.client_context(
             rnd.plan.round,
             client,

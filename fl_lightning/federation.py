@@ -18,10 +18,12 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
 from fl_lightning import faults, rules
 from fl_lightning.aggregation import aggregation_weights
+from fl_lightning.batched import ENGINES, BatchedClients, auto_engine, batching_refusal, network_refusal
 from fl_lightning.context import ServerContext
 from fl_lightning.data import FederatedDataModule
 from fl_lightning.distributed import rank_and_world, to_device
@@ -30,7 +32,7 @@ from fl_lightning.executor import SequentialClients
 from fl_lightning.module import FedAvg, FederatedHooks
 from fl_lightning.progress import quiet_lightning, use_round_bars
 from fl_lightning.recorder import RunRecorder, run_info
-from fl_lightning.rounds import RoundPlan, RoundState, plan_round, process_share
+from fl_lightning.rounds import RoundPlan, RoundState, num_sampled, plan_round, process_share
 from fl_lightning.rundir import RunDirClaim, check_checkpoint_file, check_fresh_run_dir
 from fl_lightning.server_optim import ServerOptimizer, ServerSGD
 from fl_lightning.state import ClientStateStore
@@ -64,6 +66,13 @@ class Federation(Callback):
             report their mean accuracy AccL (FedSSD §3.1) and FedKA's class-wise forgetting degree (§3.1).
         client_state_mb: CPU memory for per-client method state (SCAFFOLD's controls, MOON's previous models, ...)
             before further clients' states are kept on disk under ``<run dir>/client_state`` (``None``: no limit).
+        engine: how a round's local updates run: ``sequential`` (one client after another, Lightning's training loop),
+            ``batched`` (the clients of a group take each local step together on a stacked model, see
+            :mod:`fl_lightning.batched`; the same science up to float rounding) or ``auto`` (batched on a GPU,
+            sequential on a CPU, where batching measured no faster). A method or setting that cannot train batched
+            says why and trains sequentially.
+        group_size: with the batched engine, at most this many clients are stacked at once (memory grows with it;
+            ``None``: all of a process's clients of the round).
         collapse_rounds: stop a run as ``diverged`` once its global model has been right on at most one class (it
             predicts one class for everything: chance accuracy, the papers' "Failed") in this many evaluated rounds
             in a row; the divergence round is the first of them (``None``: never; never for a one-class test set).
@@ -86,6 +95,8 @@ class Federation(Callback):
         eval_local: bool = False,
         client_state_mb: float | None = None,
         collapse_rounds: int | None = 10,
+        engine: str = "sequential",
+        group_size: int | None = None,
     ) -> None:
         _require(rounds >= 1, f"rounds must be at least 1, got {rounds}")
         _require(0 < sample_ratio <= 1, f"sample_ratio must be in (0, 1], got {sample_ratio}")
@@ -97,6 +108,8 @@ class Federation(Callback):
         _require(
             collapse_rounds is None or collapse_rounds >= 1, f"collapse_rounds must be >= 1, got {collapse_rounds}"
         )
+        _require(engine in ENGINES, f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+        _require(group_size is None or group_size >= 1, f"group_size must be at least 1 (or None), got {group_size}")
         if server_optimizer is not None and (server_lr != 1.0 or server_momentum != 0.0):
             raise ValueError(
                 "give the server step once: either server_optimizer or server_lr/server_momentum "
@@ -115,6 +128,12 @@ class Federation(Callback):
         self.eval_local = eval_local
         self.client_state_mb = client_state_mb
         self.collapse_rounds = collapse_rounds
+        self.engine = engine
+        self.group_size = group_size
+        #: The engine this fit runs (``engine`` resolved at fit start: ``sequential`` or ``batched``).
+        self.engine_used = "sequential"
+        self.client_group: int | None = None  # clients per training batch with the batched engine
+        self._engine_note: str | None = None
         # persistent state (checkpointed)
         self.server_state: dict[str, Any] = {}
         self.client_states = ClientStateStore()
@@ -126,7 +145,8 @@ class Federation(Callback):
         self._round: RoundState | None = None
         self._server: ServerContext | None = None
         self._measured: tuple[dict[str, float], np.ndarray] | None = None  # the round evaluated, to be recorded
-        self.executor: SequentialClients | None = None
+        self.executor: SequentialClients | BatchedClients | None = None
+        self._evaluate_local: Any = None
         self._pending_state: dict[str, Any] | None = None
         self._claim = RunDirClaim()  # the run directory this fit holds (rank 0)
         self._stage = "fit"  # the Trainer's stage (setup); validate/test/predict leave the run's record alone
@@ -198,8 +218,8 @@ class Federation(Callback):
             trainer, pl_module, dm, sample_ratio=self.sample_ratio, local_epochs=self.local_epochs, seed=self.seed
         )
         self.recorder = RunRecorder(run_dir, info, self.plots, self.rounds)
-        evaluate_local = (lambda module: self.evaluate(module, trainer, split=False)) if self.eval_local else None
-        self.executor = SequentialClients(dm, self.client_states, self.seed, evaluate_local)
+        self._evaluate_local = (lambda module: self.evaluate(module, trainer, split=False)) if self.eval_local else None
+        self.executor = SequentialClients(dm, self.client_states, self.seed, self._evaluate_local)
         if self._pending_state is not None:  # a checkpoint restored before setup (Lightning restores after it)
             self.load_state_dict(self._pending_state)
 
@@ -212,6 +232,41 @@ class Federation(Callback):
             trainer.strategy.model = pl_module
         rules.check_lr_schedulers(trainer, self.lr_decay)
         self.server_state = to_device(self.server_state, pl_module.device)
+        self._choose_engine(trainer, pl_module)
+
+    def _choose_engine(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Resolve ``engine`` for this fit (see :mod:`fl_lightning.batched`) and build its executor."""
+        assert self.dm is not None and self.recorder is not None
+        engine, note = "sequential", None
+        if self.engine != "sequential":
+            refusal = batching_refusal(
+                pl_module,
+                trainer.optimizers,
+                scaler=getattr(trainer.precision_plugin, "scaler", None) is not None,
+                streaming=self.dm.streaming,
+            )
+            sample = self.dm.input_sample(pl_module.device)
+            if refusal is None:
+                refusal = network_refusal(pl_module, sample)
+            if refusal is not None:
+                note = f"engine {self.engine}: {refusal}; training sequentially"
+                if self.engine == "batched":
+                    rank_zero_warn(note)
+            elif self.engine == "batched":
+                engine = "batched"
+            else:
+                engine, why = auto_engine(pl_module.device)
+                note = f"engine auto: {engine} ({why})"
+        self.engine_used, self._engine_note = engine, note
+        self.recorder.info["engine"] = engine
+        if engine == "batched":
+            self.client_group = self.group_size or num_sampled(self.dm.num_clients, self.sample_ratio)
+            if note is None:
+                self._engine_note = f"engine batched: up to {self.client_group} clients trained together"
+            self.executor = BatchedClients(self.dm, self.client_states, self.seed, self._evaluate_local)
+        else:
+            self.client_group = None
+            self.executor = SequentialClients(self.dm, self.client_states, self.seed, self._evaluate_local)
 
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -220,6 +275,9 @@ class Federation(Callback):
         if trainer.is_global_zero and trainer.ckpt_path is None:  # a new run: never over a finished one
             check_fresh_run_dir(trainer.default_root_dir)
         self.recorder.start(trainer)
+        warned = self.engine == "batched" and self.engine_used == "sequential"  # the refusal was a warning
+        if self._engine_note is not None and not warned:
+            self.recorder.say(trainer, self._engine_note)
         # Lightning logs its own keys (LR monitor, validation, epoch metrics) at this counter: keep it the round.
         trainer.fit_loop.epoch_loop._batches_that_stepped = trainer.current_epoch + 1
         if trainer.is_global_zero and not self.recorder.history:
@@ -256,6 +314,7 @@ class Federation(Callback):
             weights,
             batches_per_client=[1] * len(local.clients) if self.client_batches else local.steps,
             upload_reduce=pl_module.upload_reduce if self._hooks else None,
+            group_size=self.client_group,
             global_weights=server.global_weights,
             lr=lr,
             started_at=time.perf_counter(),
@@ -272,7 +331,7 @@ class Federation(Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         """A client may start (see :class:`~fl_lightning.executor.SequentialClients`)."""
-        self.executor.on_batch_start(trainer, pl_module, batch_idx)
+        self.executor.on_batch_start(trainer, pl_module, batch, batch_idx)
 
     @override
     def on_before_optimizer_step(

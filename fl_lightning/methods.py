@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.func import functional_call
 
 from fl_lightning import losses
 from fl_lightning.context import ClientContext, ServerContext
@@ -85,6 +86,7 @@ class FedLMD(FedAvg):
 
     method_name = "fedlmd"
     uses_teacher = True
+    client_attributes = ("majority", "_use_teacher")
 
     def __init__(
         self,
@@ -156,6 +158,7 @@ class FedSSD(FedAvg):
 
     method_name = "fedssd"
     uses_teacher = True
+    client_attributes = ("credibility",)
 
     def __init__(self, m_max: float = 0.01, aux_per_class: int = 64, **kwargs: Any) -> None:
         if m_max < 0 or aux_per_class < 1:
@@ -213,6 +216,7 @@ class FedCAD(FedAvg):
 
     method_name = "fedcad"
     uses_teacher = True
+    client_attributes = ("alpha",)
 
     def __init__(self, beta: float = 0.25, gamma: float = 0.5, tau: float = 1.0, **kwargs: Any) -> None:
         if not 0 <= beta <= gamma <= 1 or tau <= 0:
@@ -259,6 +263,7 @@ class FedKA(FedAvg):
     method_name = "fedka"
     uses_teacher = True
     holdout_per_class_required = 1
+    client_attributes = ("dominant", "anchor_x", "anchor_zg")
 
     def __init__(self, beta: float = 0.1, gamma: float | None = None, mu: int = 10, **kwargs: Any) -> None:
         if beta < 0 or mu < 1 or (gamma is not None and not 0 < gamma <= 1):
@@ -319,6 +324,7 @@ class FedProx(FedAvg):
 
     method_name = "fedprox"
     needs_exact_steps = True
+    client_attributes = ("_global_params",)
 
     def __init__(self, mu: float = 0.01, **kwargs: Any) -> None:
         if mu < 0:
@@ -346,6 +352,7 @@ class FedRS(FedAvg):
     """
 
     method_name = "fedrs"
+    client_attributes = ("present",)
 
     def __init__(self, alpha: float = 0.5, **kwargs: Any) -> None:
         if not 0 <= alpha <= 1:
@@ -420,6 +427,7 @@ class SCAFFOLD(FedAvg):
 
     method_name = "scaffold"
     needs_exact_steps = True
+    client_attributes = ("_c", "_c_k", "_correction")
     # Σ_k Δc_k (not a weighted mean): METHODS.md's (|S|/N)·mean(Δc_k) = (1/N)·Σ_{k∈S} Δc_k, whatever the aggregation.
     upload_reduce: ClassVar[Mapping[str, str]] = {"delta_c": "sum"}
 
@@ -442,13 +450,9 @@ class SCAFFOLD(FedAvg):
         self._c_k = torch.zeros_like(self._c) if c_k is None else c_k.to(self.device)
         self._correction = _param_views(self._c - self._c_k, self)
 
-    def before_local_step(self) -> None:
+    def local_gradient(self, grads: list[Tensor]) -> list[Tensor]:
         """Correct the gradient: g ← g + c − c_k on every parameter."""
-        for p, correction in zip(self.parameters(), self._correction, strict=True):
-            if p.grad is None:
-                p.grad = correction.clone()
-            else:
-                p.grad.add_(correction)
+        return [g + correction for g, correction in zip(grads, self._correction, strict=True)]
 
     def on_client_end(self, client: ClientContext) -> dict[str, Tensor]:
         """Update c_k (option II) and upload Δc_k."""
@@ -516,6 +520,7 @@ class FedDyn(FedAvg):
 
     method_name = "feddyn"
     needs_exact_steps = True
+    client_attributes = ("_global_params", "_h_k")
     upload_reduce: ClassVar[Mapping[str, str]] = {"delta_h": "sum"}
 
     def __init__(self, alpha: float = 0.01, **kwargs: Any) -> None:
@@ -557,6 +562,17 @@ class FedDyn(FedAvg):
         return _with_params(average, avg - h.to(avg) / self.alpha, self)
 
 
+class _Projection(nn.Module):
+    """A frozen model's projection head(net.features(x)) (MOON's global and previous models)."""
+
+    def __init__(self, net: nn.Module, head: nn.Module) -> None:
+        super().__init__()
+        self.net, self.head = net, head
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.net.features(x))
+
+
 class MOON(FedAvg):
     """MOON (Li, He & Song, CVPR 2021, arXiv:2103.16257): model-contrastive learning on a projection head.
 
@@ -564,9 +580,10 @@ class MOON(FedAvg):
     (trained and averaged; not used for prediction). L = CE + μ·ℓ_con with ℓ_con pulling the local projection h towards
     the global model's h_g and away from this client's previous local model's h_prev
     (:func:`~fl_lightning.losses.moon_loss`). The per-client-state example of the hooks: ``on_client_end`` saves the
-    local model (net and head) in ``client.state["prev"]``, which ``on_client_start`` loads into a frozen copy the next
-    time the client is sampled (the global model the first time). Memory: one model-plus-head state per client that has
-    trained (CPU), and two frozen copies of it on the device.
+    local model (net and head) in ``client.state["prev"]``, which ``on_client_start`` hands to the loss (a per-client
+    attribute: the batched engine stacks the clients' previous models) the next time the client is sampled (the global
+    model the first time). Memory: one model-plus-head state per client that has trained (CPU), its copy on the device
+    while the client trains, and a frozen copy of the global model.
 
     Args:
         mu: weight μ of the contrastive term.
@@ -576,6 +593,7 @@ class MOON(FedAvg):
     """
 
     method_name = "moon"
+    client_attributes = ("_prev_weights",)
 
     def __init__(self, mu: float = 1.0, tau: float = 0.5, proj_dim: int = 256, **kwargs: Any) -> None:
         if mu < 0 or tau <= 0 or proj_dim < 1:
@@ -585,9 +603,10 @@ class MOON(FedAvg):
         self.head: nn.Module | None = None
         if self.net is not None:
             self._build_head()
-        # [global, previous]: frozen copies of net + head, kept in a list so that they are not submodules.
+        # [global, previous]: frozen copies of net + head, kept in a list so that they are not submodules; the previous
+        # model's weights are the client's own (_prev_weights, None the first time: h_prev is h_g, computed once).
         self._frozen: list[nn.Module] = []
-        self._prev_is_global = True  # the client's first round: h_prev is h_g, computed once
+        self._prev_weights: dict[str, Tensor] | None = None
 
     def _build_head(self) -> None:
         require_features(self.net, "MOON")
@@ -606,16 +625,14 @@ class MOON(FedAvg):
         return self.head(self.net.features(x))
 
     def on_client_start(self, client: ClientContext) -> None:
-        """Load the global model and this client's previous model (the global one the first time) into frozen copies."""
+        """Load the global model into a frozen copy; take this client's previous model (none the first time)."""
         if not self._frozen:
             for _ in range(2):
-                copy_ = copy.deepcopy(nn.ModuleDict({"net": self.net, "head": self.head}))
+                copy_ = _Projection(copy.deepcopy(self.net), copy.deepcopy(self.head))
                 copy_.requires_grad_(False)
                 self._frozen.append(copy_)
         self._frozen[0].load_state_dict(client.global_weights)
-        self._prev_is_global = "prev" not in client.state
-        if not self._prev_is_global:
-            self._frozen[1].load_state_dict(client.state["prev"])
+        self._prev_weights = client.state.get("prev")
         for frozen in self._frozen:
             frozen.to(self.device).eval()
 
@@ -627,8 +644,8 @@ class MOON(FedAvg):
         logits = classifier(features) if isinstance(classifier, nn.Module) else self(x)
         h = self.head(features)
         with torch.no_grad():
-            h_global = self._frozen[0]["head"](self._frozen[0]["net"].features(x))
-            h_prev = h_global if self._prev_is_global else self._frozen[1]["head"](self._frozen[1]["net"].features(x))
+            h_global = self._frozen[0](x)
+            h_prev = h_global if self._prev_weights is None else functional_call(self._frozen[1], self._prev_weights, x)
         return F.cross_entropy(logits, y) + self.mu * losses.moon_loss(h, h_global, h_prev, self.tau)
 
     def on_client_end(self, client: ClientContext) -> None:
@@ -655,6 +672,7 @@ class FedCurv(FedAvg):
 
     method_name = "fedcurv"
     needs_exact_steps = True
+    client_attributes = ("_sums",)
     upload_reduce: ClassVar[Mapping[str, str]] = {"fisher": "sum", "fisher_w": "sum", "fisher_w2": "sum"}
 
     def __init__(self, lam: float = 1e-3, fisher_samples: int = 500, **kwargs: Any) -> None:

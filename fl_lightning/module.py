@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from fl_lightning.augment import BatchTransform, InputNormalization
 from fl_lightning.context import ClientContext, ServerContext
+from fl_lightning.data import ClientGroup
 from fl_lightning.distributed import all_reduce_sum_
 from fl_lightning.evaluation import Counts, Evaluation, add_counts, batch_counts
 from fl_lightning.models import MODELS, build_model, net_name
@@ -39,6 +40,7 @@ class FederatedHooks:
                                                     client receives as ``client.server``
     ``on_client_start(client)``             client  after the global weights, a fresh optimizer and (if
                                                     :meth:`teacher_needed`) a fresh teacher are in place
+    ``local_gradient(grads)``               client  the gradients each local step descends (pure function)
     ``before_local_step()``                 client  between each backward pass and optimizer step
     ``on_client_end(client)``               client  after the last local step, local weights still loaded;
                                                     returns the upload (``dict`` of tensors) or ``None``
@@ -62,6 +64,12 @@ class FederatedHooks:
     needs_exact_steps: ClassVar[bool] = False
     #: How each upload key is reduced over clients: ``"mean"`` (Σ p_k·u_k, the default) or ``"sum"`` (Σ u_k).
     upload_reduce: ClassVar[Mapping[str, str]] = {}
+    #: The attributes ``on_client_start`` sets per client and ``client_loss`` (or :meth:`local_gradient`) reads:
+    #: tensors, ``None`` or containers of them. The batched engine stacks them over the clients it trains together
+    #: and binds each client's own while its loss runs; it refuses a method whose ``on_client_start`` sets others.
+    client_attributes: ClassVar[tuple[str, ...]] = ()
+    #: Whether the batched engine (``--federation.engine batched``) may train this method's clients together.
+    batchable: ClassVar[bool] = True
 
     @property
     def holdout_per_class_required(self) -> int:
@@ -77,6 +85,15 @@ class FederatedHooks:
 
     def before_local_step(self) -> None:
         """Client side, between the backward pass and the optimizer step (e.g. to correct gradients)."""
+
+    def local_gradient(self, grads: list[Tensor]) -> list[Tensor]:
+        """Client side: the gradients a local step descends (default: the loss's, one per trainable parameter).
+
+        ``grads`` follow ``parameters()`` order. A pure function of ``grads`` and the client's attributes (SCAFFOLD
+        adds c − c_k): both engines call it, the batched one on each client's slice. Prefer it to
+        :meth:`before_local_step`, which edits ``p.grad`` in place and keeps a method on the sequential engine.
+        """
+        return grads
 
     def on_client_end(self, client: ClientContext) -> Mapping[str, Tensor] | None:
         """Client side, after the last local step: return the upload sent with the weights (or ``None``)."""
@@ -350,11 +367,16 @@ class FedAvg(FederatedHooks, L.LightningModule):
             weight_decay=self.hparams.weight_decay,
         )
 
-    def training_step(self, batch: Iterable[tuple[Tensor, Tensor]], batch_idx: int) -> Tensor | None:
+    def training_step(self, batch: Iterable[tuple[Tensor, Tensor]] | ClientGroup, batch_idx: int) -> Tensor | None:
         """One client's local update: a step on each of its batches (``batch_idx`` is the client's slot in the round).
 
         Returns the mean training loss over its steps (``None`` for the empty updates that pad a process's share).
+        A :class:`~fl_lightning.data.ClientGroup` (the batched engine) trains its clients together instead.
         """
+        if isinstance(batch, ClientGroup):
+            if batch.run is None:
+                raise RuntimeError("a ClientGroup is trained by the Federation callback's batched engine")
+            return batch.run(self, batch)
         total = None
         steps = 0
         for x, y in batch:
@@ -370,6 +392,7 @@ class FedAvg(FederatedHooks, L.LightningModule):
         opt.zero_grad()
         if self._direct_step:
             loss.backward()
+            self._apply_local_gradient()
             self.before_local_step()
             self._clip_gradients()
             # Lightning's own step bookkeeping (global_step, which checkpointing keys on), without its hook chain.
@@ -378,9 +401,18 @@ class FedAvg(FederatedHooks, L.LightningModule):
             opt._on_after_step()
         else:
             self.manual_backward(loss)
+            self._apply_local_gradient()
             self.before_local_step()
             opt.step()
         return loss.detach()
+
+    def _apply_local_gradient(self) -> None:
+        if type(self).local_gradient is FederatedHooks.local_gradient:
+            return
+        params = [p for p in self.parameters() if p.requires_grad]
+        grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in params]
+        for p, g in zip(params, self.local_gradient(grads), strict=True):
+            p.grad = g
 
     def on_fit_start(self) -> None:
         """Take the datamodule's input normalisation; decide whether local steps may bypass Lightning's step hooks.

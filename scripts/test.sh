@@ -10,4 +10,6 @@ fi
 "$VENV/bin/pip" install -q torch==2.14.1 torchvision==0.29.1
 "$VENV/bin/pip" install -q -e ".[dev]"
 export WANDB_MODE=offline WANDB_SILENT=true
-"$VENV/bin/python" -m pytest -q "$@"
+# One pytest worker per core (pytest-xdist), one thread each: the tests are many small federations, not big kernels.
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+"$VENV/bin/python" -m pytest -q -n "${PYTEST_WORKERS:-auto}" "$@"

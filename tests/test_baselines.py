@@ -122,7 +122,9 @@ def _scaffold_client(module, w_g_vec, c, c_k, grad, steps, lr):
     for _ in range(steps):
         opt.zero_grad()
         (torch.cat([p.reshape(-1) for p in module.parameters()]) * grad).sum().backward()
-        module.before_local_step()
+        params = list(module.parameters())
+        for p, g in zip(params, module.local_gradient([p.grad for p in params]), strict=True):
+            p.grad = g
         opt.step()
     return ctx, module.on_client_end(ctx)
 
@@ -333,12 +335,12 @@ def test_moon_head_is_part_of_the_model_and_previous_model_is_client_state():
     module.load_state_dict(w_g)
     module.on_client_start(client_ctx(w_g, round=1, state=state))
     with torch.no_grad():
-        h_prev = module._frozen[1]["head"](module._frozen[1]["net"].features(x))
+        h_prev = torch.func.functional_call(module._frozen[1], module._prev_weights, x)
         module.load_state_dict(state["prev"])
         expected_prev = module.project(x)
         module.load_state_dict(w_g)
         h = module.project(x)
-        h_g = module._frozen[0]["head"](module._frozen[0]["net"].features(x))
+        h_g = module._frozen[0](x)
     torch.testing.assert_close(h_prev, expected_prev)
     torch.testing.assert_close(h_g, h)
     expected = F.cross_entropy(module(x), y) + losses.moon_loss(h, h_g, h_prev, 0.5)

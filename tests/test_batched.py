@@ -1,0 +1,551 @@
+"""The batched engine (``Federation(engine="batched")``) gives the sequential engine's federation, up to float rounding.
+
+Every method (and FedAvgM, FedAdam) is compared round for round with the sequential engine: global weights, BatchNorm
+statistics, training losses, local-model metrics, per-client and server state. So are the settings that make clients
+differ inside a stack (unequal step counts, short last batches, augmentation streams, SGD variants, group sizes),
+resuming, and two processes. Modules or settings the engine cannot stack must say why and train sequentially (or,
+for an undeclared per-client attribute, fail); ``train_stacked`` is also checked without a Trainer against
+``torch.optim.SGD``.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import bare_trainer, read_metrics, read_summary, tiny_run
+from torch import Tensor, nn
+
+from fl_lightning import FedAdam, FedAvg, FederatedDataModule, Federation
+from fl_lightning.batched import SGDSettings, StackedClient, auto_engine, train_stacked
+from fl_lightning.methods import METHODS, SCAFFOLD
+
+#: Methods whose second round reads per-client state left by the first (run for 2 rounds).
+STATEFUL = {"moon", "feddyn", "scaffold", "fedcurv"}
+#: Server holdout a method needs on digits.
+DATA_KWARGS: dict[str, dict[str, Any]] = {"fedssd": {"holdout_per_class": 64}, "fedka": {"holdout_per_class": 1}}
+#: metrics.csv columns that measure time, not the science.
+TIMING = {"round_seconds", "elapsed_seconds"}
+ATOL = 1e-5
+
+
+# ---- helpers -----------------------------------------------------------------------------------------------------
+
+
+def assert_trees_close(actual: Any, expected: Any, atol: float, path: str = "") -> None:
+    """Dicts, lists and tuples of tensors (and plain values) equal in structure, their tensors within ``atol``."""
+    if isinstance(expected, Mapping):
+        assert isinstance(actual, Mapping), f"{path}: {type(actual).__name__} is not a mapping"
+        assert set(actual) == set(expected), f"{path}: keys {sorted(actual)} != {sorted(expected)}"
+        for key in expected:
+            assert_trees_close(actual[key], expected[key], atol, f"{path}.{key}")
+    elif isinstance(expected, list | tuple):
+        assert isinstance(actual, list | tuple) and len(actual) == len(expected), f"{path}: lengths differ"
+        for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
+            assert_trees_close(a, e, atol, f"{path}[{i}]")
+    elif isinstance(expected, Tensor):
+        assert isinstance(actual, Tensor), f"{path}: {type(actual).__name__} is not a tensor"
+        torch.testing.assert_close(actual, expected, atol=atol, rtol=0, msg=lambda m: f"{path}: {m}")
+    else:
+        assert actual == expected, f"{path}: {actual!r} != {expected!r}"
+
+
+def weights(model: nn.Module) -> dict[str, Tensor]:
+    """A detached copy of the model's state dict (parameters and buffers)."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def assert_same_federation(
+    batched: tuple[Federation, nn.Module],
+    sequential: tuple[Federation, nn.Module],
+    atol: float = ATOL,
+    metric_atol: float = ATOL,
+) -> None:
+    """The batched run ran batched and ended where the sequential run did: weights, losses, client and server state.
+
+    ``atol`` bounds tensors, ``metric_atol`` the losses in the history (recorded in float32 by the sequential engine).
+    """
+    fed_b, model_b = batched
+    fed_s, model_s = sequential
+    assert fed_b.engine_used == "batched"
+    assert fed_s.engine_used == "sequential"
+    assert_trees_close(weights(model_b), weights(model_s), atol, "weights")
+    assert len(fed_b.history) == len(fed_s.history) >= 1
+    for row_b, row_s in zip(fed_b.history, fed_s.history, strict=True):
+        assert row_b["round"] == row_s["round"]
+        for key in ("train_loss", "global_loss"):
+            assert row_b[key] == pytest.approx(row_s[key], abs=metric_atol), (row_b["round"], key)
+    assert_trees_close(dict(fed_b.client_states.items()), dict(fed_s.client_states.items()), atol, "client_states")
+    assert_trees_close(fed_b.server_state, fed_s.server_state, atol, "server_state")
+    assert_trees_close(fed_b.server_optimizer.state, fed_s.server_optimizer.state, atol, "server_optimizer")
+
+
+def run(
+    tmp_path: Path,
+    engine: str,
+    method: type[FedAvg] = FedAvg,
+    rounds: int = 1,
+    data_kwargs: dict[str, Any] | None = None,
+    model_kwargs: dict[str, Any] | None = None,
+    fed_kwargs: dict[str, Any] | None = None,
+) -> tuple[Federation, FedAvg]:
+    """``tiny_run`` with the given engine, in ``tmp_path / engine``."""
+    _, fed, model = tiny_run(
+        tmp_path / engine,
+        method,
+        rounds=rounds,
+        data_kwargs=data_kwargs,
+        model_kwargs=model_kwargs,
+        fed_kwargs={"engine": engine, **(fed_kwargs or {})},
+    )
+    return fed, model
+
+
+def both(tmp_path: Path, method: type[FedAvg] = FedAvg, **kwargs: Any) -> None:
+    """Run ``method`` with both engines on the same settings and compare them."""
+    assert_same_federation(run(tmp_path, "batched", method, **kwargs), run(tmp_path, "sequential", method, **kwargs))
+
+
+def net_fit(
+    tmp_path: Path,
+    model: L.LightningModule,
+    rounds: int = 1,
+    data_kwargs: dict[str, Any] | None = None,
+    **fed_kwargs: Any,
+) -> Federation:
+    """Fit ``model`` (any network, any LightningModule) in a tiny digits federation, as ``tiny_run`` does."""
+    dm = FederatedDataModule(
+        "digits", **{"num_clients": 5, "partition": "dirichlet", "alpha": 1.0, "batch_size": 32, **(data_kwargs or {})}
+    )
+    fed = Federation(rounds=rounds, **{"local_epochs": 1, "plots": False, **fed_kwargs})
+    bare_trainer(tmp_path, fed, max_epochs=rounds).fit(model, datamodule=dm)
+    return fed
+
+
+# ---- 1. every method, and server optimizers ----------------------------------------------------------------------
+
+
+def _case(name: str) -> tuple[type[FedAvg], dict[str, Any]]:
+    if name == "fedavgm":
+        return FedAvg, {"server_momentum": 0.9}
+    if name == "fedadam":
+        return FedAvg, {"server_optimizer": FedAdam(lr=0.01)}  # a fresh optimizer per run
+    return METHODS[name], {}
+
+
+@pytest.mark.parametrize("name", [*METHODS, "fedavgm", "fedadam"])
+def test_every_method_matches_sequential(tmp_path: Path, name: str) -> None:
+    rounds = 2 if name in STATEFUL else 1
+    results = {}
+    for engine in ("batched", "sequential"):
+        method, fed_kwargs = _case(name)
+        results[engine] = run(
+            tmp_path, engine, method, rounds=rounds, data_kwargs=DATA_KWARGS.get(name), fed_kwargs=fed_kwargs
+        )
+    if name in STATEFUL:  # the second round trained on every client's state from the first
+        assert len(results["batched"][0].client_states) == 5
+    assert_same_federation(results["batched"], results["sequential"])
+
+
+# ---- 2. BatchNorm ------------------------------------------------------------------------------------------------
+
+
+def float64(method: type[FedAvg]) -> type[FedAvg]:
+    """``method`` on a float64 network: inputs are cast in its loss and forward (call ``.double()`` on the model)."""
+
+    class Float64(method):  # type: ignore[valid-type, misc]
+        def client_loss(self, x: Tensor, y: Tensor) -> Tensor:
+            return super().client_loss(x.double(), y)
+
+        def forward(self, x: Tensor) -> Tensor:
+            return super().forward(x.double())
+
+    return Float64
+
+
+@pytest.mark.parametrize("name", ["fedavg", "fedntd"])
+def test_batchnorm_network_matches_sequential(tmp_path: Path, name: str) -> None:
+    # In float32 a BatchNorm ResNet amplifies the engines' different summation orders to 1e-5..1e-3 after one round
+    # (as two sequential runs with 1 and 2 threads differ); in float64 the engines agree to rounding.
+    results = {}
+    for engine in ("batched", "sequential"):
+        L.seed_everything(0, verbose=False)
+        model = float64(METHODS[name])(net="resnet8", num_classes=10, in_channels=1, image_size=8, lr=0.05).double()
+        fed = net_fit(tmp_path / engine, model, engine=engine)
+        assert next(model.parameters()).dtype == torch.float64
+        results[engine] = (fed, model)
+    running = [k for k in weights(results["sequential"][1]) if k.endswith(("running_mean", "running_var"))]
+    assert running, "resnet8 has BatchNorm statistics"
+    L.seed_everything(0, verbose=False)
+    initial = METHODS[name](net="resnet8", num_classes=10, in_channels=1, image_size=8).double().state_dict()
+    trained = results["batched"][1].state_dict()
+    assert all(not torch.allclose(trained[k], initial[k]) for k in running)  # every client's statistics moved
+    assert_same_federation(results["batched"], results["sequential"], atol=1e-10, metric_atol=1e-6)
+
+
+# ---- 3. unequal clients -------------------------------------------------------------------------------------------
+
+
+def test_unequal_clients_two_local_epochs(tmp_path: Path) -> None:
+    data = {"alpha": 0.3}
+    dm = FederatedDataModule("digits", num_clients=5, partition="dirichlet", alpha=0.3, batch_size=32)
+    dm.setup("fit")
+    sizes = dm.client_sizes
+    assert len(set(sizes)) == len(sizes), sizes
+    assert any(n % 32 for n in sizes), sizes
+    assert not dm.drop_last
+    both(tmp_path, data_kwargs=data, fed_kwargs={"local_epochs": 2})
+
+
+# ---- 4. SGD variants ---------------------------------------------------------------------------------------------
+
+
+class NesterovFedAvg(FedAvg):
+    """FedAvg with Nesterov momentum and its own weight decay."""
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=0.9, nesterov=True, weight_decay=1e-4)
+
+
+class DampenedFedAvg(FedAvg):
+    """FedAvg with dampened momentum."""
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=0.9, dampening=0.3)
+
+
+@pytest.mark.parametrize(
+    ("method", "model_kwargs"),
+    [
+        (NesterovFedAvg, {"clip_grad_norm": 0.5}),
+        (FedAvg, {"momentum": 0.0, "weight_decay": 0.0}),
+        (DampenedFedAvg, {}),
+    ],
+    ids=["nesterov-clipped", "plain", "dampened"],
+)
+def test_sgd_variants_match_sequential(tmp_path: Path, method: type[FedAvg], model_kwargs: dict[str, Any]) -> None:
+    both(tmp_path, method, model_kwargs=model_kwargs)
+
+
+# ---- 5. augmentation ---------------------------------------------------------------------------------------------
+
+
+def test_augmentation_keeps_each_clients_random_stream(tmp_path: Path) -> None:
+    augment = {"crop_padding": 1, "hflip": True}
+    both(tmp_path, data_kwargs=augment)
+    # the augmentation changed the training: a run without it ends elsewhere
+    _, plain = run(tmp_path / "plain", "batched")
+    _, augmented = run(tmp_path / "again", "batched", data_kwargs=augment)
+    assert any(not torch.allclose(a, b) for a, b in zip(plain.parameters(), augmented.parameters(), strict=True))
+
+
+# ---- 6. group sizes ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fedavg_sequential(tmp_path_factory: pytest.TempPathFactory) -> tuple[Federation, FedAvg]:
+    return run(tmp_path_factory.mktemp("fedavg"), "sequential")
+
+
+@pytest.mark.parametrize("group_size", [1, 2])
+def test_group_size_matches_sequential(
+    tmp_path: Path, group_size: int, fedavg_sequential: tuple[Federation, FedAvg]
+) -> None:
+    fed, model = run(tmp_path, "batched", fed_kwargs={"group_size": group_size})
+    assert fed.client_group == group_size
+    assert_same_federation((fed, model), fedavg_sequential)
+
+
+# ---- 7. local-model metrics --------------------------------------------------------------------------------------
+
+
+def test_eval_local_metrics_match_sequential(tmp_path: Path) -> None:
+    fed_b, _ = run(tmp_path, "batched", fed_kwargs={"eval_local": True})
+    fed_s, _ = run(tmp_path, "sequential", fed_kwargs={"eval_local": True})
+    assert fed_b.engine_used == "batched"
+    for row_b, row_s in zip(fed_b.history, fed_s.history, strict=True):
+        for key in ("local_acc_mean", "local_forgetting_degree"):
+            assert key in row_b
+            assert row_b[key] == pytest.approx(row_s[key], abs=1e-6), key
+
+
+# ---- 8. resume ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", [FedAvg, SCAFFOLD], ids=["fedavg", "scaffold"])
+def test_batched_resume_is_exact(tmp_path: Path, method: type[FedAvg]) -> None:
+    batched = {"engine": "batched"}
+    _, full_fed, full = tiny_run(tmp_path / "full", method, rounds=4, fed_kwargs=batched)
+    tiny_run(tmp_path / "cut", method, rounds=2, fed_kwargs=batched)
+    assert (tmp_path / "cut" / "checkpoints" / "last.ckpt").exists()
+    _, cut_fed, cut = tiny_run(tmp_path / "cut", method, rounds=4, fed_kwargs=batched, ckpt_path="last")
+    assert full_fed.engine_used == cut_fed.engine_used == "batched"
+    assert read_summary(tmp_path / "cut")["status"] == "completed"
+    assert_trees_close(weights(cut), weights(full), 1e-6, "weights")
+    rows_full, rows_cut = read_metrics(tmp_path / "full"), read_metrics(tmp_path / "cut")
+    assert [r["round"] for r in rows_cut] == ["1", "2", "3", "4"]
+    for a, b in zip(rows_full, rows_cut, strict=True):
+        assert {k: v for k, v in a.items() if k not in TIMING} == {k: v for k, v in b.items() if k not in TIMING}
+
+
+# ---- 9. two processes --------------------------------------------------------------------------------------------
+
+SCRIPT = Path(__file__).with_name("_federate_processes.py")
+
+
+def _gloo() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_gloo_available()
+
+
+def _processes(out: Path, devices: int, rounds: int, *args: str) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    cmd = [sys.executable, str(SCRIPT), str(out), str(devices), str(rounds), *args]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _gloo(), reason="needs torch.distributed with gloo")
+def test_two_processes_batched_match_one_sequential(tmp_path: Path) -> None:
+    methods = ["fedavg", "scaffold"]
+    _processes(tmp_path / "one", 1, 2, *methods)
+    _processes(tmp_path / "two", 2, 2, *methods, "--engine", "batched")
+    for method in methods:
+        assert read_summary(tmp_path / "one" / method)["engine"] == "sequential"
+        assert read_summary(tmp_path / "two" / method)["engine"] == "batched"
+        rows_one, rows_two = read_metrics(tmp_path / "one" / method), read_metrics(tmp_path / "two" / method)
+        assert [r["round"] for r in rows_two] == ["1", "2"]
+        for a, b in zip(rows_one, rows_two, strict=True):
+            assert float(b["train_loss"]) == pytest.approx(float(a["train_loss"]), abs=1e-5)
+            assert float(b["global_loss"]) == pytest.approx(float(a["global_loss"]), abs=1e-5)
+        one = torch.load(tmp_path / "one" / method / "weights.pt")
+        two = torch.load(tmp_path / "two" / method / "weights.pt")
+        assert_trees_close(two, one, ATOL, method)
+
+
+# ---- 10. fallbacks -----------------------------------------------------------------------------------------------
+
+
+class PlainClassifier(L.LightningModule):
+    """A LightningModule that is not an fl_lightning method."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        x, y = batch
+        return F.cross_entropy(self(x), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+class AdamFedAvg(FedAvg):
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=1e-3)
+
+
+class Unbatchable(FedAvg):
+    batchable = False
+
+
+class HookedFedAvg(FedAvg):
+    def before_local_step(self) -> None:
+        for p in self.parameters():
+            if p.grad is not None:
+                p.grad.mul_(0.5)
+
+
+class UndeclaredAttribute(FedAvg):
+    def on_client_start(self, client: Any) -> None:
+        self.foo = torch.ones(1)
+
+
+def _dropout_net() -> nn.Module:
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.ReLU(), nn.Dropout(0.5), nn.Linear(16, 10))
+
+
+def test_plain_lightning_module_trains_sequentially(tmp_path: Path) -> None:
+    with pytest.warns(UserWarning, match="training sequentially") as record:
+        fed = net_fit(tmp_path, PlainClassifier(), engine="batched")
+    assert fed.engine_used == "sequential"
+    assert any("PlainClassifier" in str(w.message) for w in record)
+    assert fed.status == "completed"
+
+
+@pytest.mark.parametrize(
+    ("method", "why"),
+    [(AdamFedAvg, "optimizer"), (Unbatchable, "batchable = False"), (HookedFedAvg, "before_local_step")],
+    ids=["adam", "batchable-false", "before-local-step"],
+)
+def test_unbatchable_methods_say_why_and_train_sequentially(tmp_path: Path, method: type[FedAvg], why: str) -> None:
+    with pytest.warns(UserWarning, match="training sequentially") as record:
+        fed, _ = run(tmp_path, "batched", method)
+    assert fed.engine_used == "sequential"
+    assert any(why in str(w.message) for w in record), [str(w.message) for w in record]
+    assert fed.status == "completed"
+
+
+def test_network_without_vmap_trains_sequentially(tmp_path: Path) -> None:
+    L.seed_everything(0, verbose=False)
+    with pytest.warns(UserWarning, match="training sequentially") as record:
+        fed = net_fit(tmp_path, FedAvg(net=_dropout_net(), num_classes=10, lr=0.05), engine="batched")
+    assert fed.engine_used == "sequential"
+    assert any("vmap" in str(w.message) for w in record), [str(w.message) for w in record]
+
+
+@pytest.mark.filterwarnings("ignore:run failed")
+def test_undeclared_client_attribute_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="client_attributes") as err:
+        run(tmp_path, "batched", UndeclaredAttribute)
+    assert "foo" in str(err.value)
+    # the sequential engine has no such rule
+    fed, _ = run(tmp_path, "sequential", UndeclaredAttribute)
+    assert fed.status == "completed"
+
+
+# ---- 11. auto and arguments --------------------------------------------------------------------------------------
+
+
+def test_auto_is_sequential_on_the_cpu_and_batched_on_a_gpu(tmp_path: Path) -> None:
+    fed, _ = run(tmp_path, "auto")
+    assert fed.engine_used == "sequential"  # on a CPU the stacked step measured no faster
+    assert read_summary(tmp_path / "auto")["engine"] == "sequential"
+    assert auto_engine(torch.device("cpu"))[0] == "sequential"
+    assert auto_engine(torch.device("cuda"))[0] == "batched"
+
+
+def test_auto_keeps_unbatchable_methods_sequential(tmp_path: Path) -> None:
+    fed, _ = run(tmp_path, "auto", Unbatchable)
+    assert fed.engine_used == "sequential"
+
+
+def test_bad_engine_arguments() -> None:
+    with pytest.raises(ValueError, match="engine must be one of.*bogus"):
+        Federation(engine="bogus")
+    with pytest.raises(ValueError, match="group_size must be at least 1"):
+        Federation(engine="batched", group_size=0)
+
+
+# ---- 12. train_stacked without a Trainer -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sgd", "clip"),
+    [
+        (SGDSettings(lr=0.1, momentum=0.9, weight_decay=1e-3), None),
+        (SGDSettings(lr=0.1, momentum=0.9, nesterov=True), None),
+        (SGDSettings(lr=0.1, momentum=0.5, dampening=0.5), 0.3),
+        (SGDSettings(lr=0.1), None),
+    ],
+    ids=["momentum-wd", "nesterov", "dampened-clipped", "plain"],
+)
+@pytest.mark.parametrize("pad", [False, True], ids=["select", "pad"])
+def test_train_stacked_is_sgd_per_client(sgd: SGDSettings, clip: float | None, pad: bool) -> None:
+    torch.manual_seed(0)
+    module = FedAvg(net=nn.Sequential(nn.Flatten(), nn.Linear(4, 3)), num_classes=3)
+    before = weights(module)
+    sizes = [[4, 4, 2], [4]]  # 3 steps (a short last batch) and 1 step
+    data = [[(torch.randn(n, 4), torch.randint(0, 3, (n,))) for n in client] for client in sizes]
+    clients = [StackedClient(batches=iter(batches), steps=len(batches)) for batches in data]
+    steps_taken: list[int] = []
+    result = train_stacked(module, clients, sgd, clip_grad_norm=clip, on_step=steps_taken.append, pad=pad)
+
+    assert steps_taken == [2, 1, 1]
+    assert_trees_close(weights(module), before, 0.0, "module")  # the module is left as it was
+    for k, batches in enumerate(data):
+        net = copy.deepcopy(module.net)
+        opt = torch.optim.SGD(
+            net.parameters(),
+            lr=sgd.lr,
+            momentum=sgd.momentum,
+            dampening=sgd.dampening,
+            weight_decay=sgd.weight_decay,
+            nesterov=sgd.nesterov,
+        )
+        losses = []
+        for x, y in batches:
+            loss = F.cross_entropy(net(x), y)
+            opt.zero_grad()
+            loss.backward()
+            if clip is not None:
+                nn.utils.clip_grad_norm_(net.parameters(), clip)
+            opt.step()
+            losses.append(loss.item())
+        for name, value in net.state_dict().items():
+            torch.testing.assert_close(result.params[f"net.{name}"][k], value, atol=1e-6, rtol=0)
+        assert result.losses[k] == pytest.approx(sum(losses) / len(losses), abs=1e-6)
+        assert not torch.equal(result.params["net.1.weight"][k], before["net.1.weight"])
+
+
+@pytest.mark.parametrize("pad", [False, True], ids=["select", "pad"])
+def test_train_stacked_batchnorm_matches_per_client_loops(pad: bool) -> None:
+    """Full, short (one client, several) and finished clients in one stack: weights and BatchNorm statistics."""
+    torch.manual_seed(0)
+    net = nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(64, 3)
+    ).double()
+    module = FedAvg(net=net, num_classes=3)
+    module.train()
+    before = weights(module)
+    # step 0: all full; step 1: two full, two short (3); step 2: one full (3), two short (2), one short (1)
+    sizes = [[4, 4, 2], [4, 3], [4], [4, 4, 2], [4, 3, 3], [4, 4, 1]]
+    data = [[(torch.randn(n, 1, 4, 4, dtype=torch.float64), torch.randint(0, 3, (n,))) for n in c] for c in sizes]
+    clients = [StackedClient(batches=iter(batches), steps=len(batches)) for batches in data]
+    sgd = SGDSettings(lr=0.1, momentum=0.9, weight_decay=1e-3)
+    result = train_stacked(module, clients, sgd, pad=pad)
+
+    assert_trees_close(weights(module), before, 0.0, "module")
+    template = module.state_dict()
+    for k, batches in enumerate(data):
+        local = copy.deepcopy(module.net)
+        opt = torch.optim.SGD(local.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
+        for x, y in batches:
+            loss = F.cross_entropy(local(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        state = result.client_state(k, template)
+        expected = {f"net.{name}": value for name, value in local.state_dict().items()}
+        assert_trees_close({name: state[name] for name in expected}, expected, 1e-10, f"client {k}")
+
+
+# ---- GPU ------------------------------------------------------------------------------------------------------------
+
+
+def _gpu_fit(root: Path, engine: str, precision: str) -> tuple[Federation, FedAvg]:
+    L.seed_everything(0, verbose=False)
+    dm = FederatedDataModule("digits", num_clients=5, partition="dirichlet", alpha=1.0, batch_size=32)
+    model = METHODS["fedntd"](net="lenet", num_classes=10, in_channels=1, image_size=8, lr=0.05)
+    fed = Federation(rounds=3, local_epochs=2, engine=engine, plots=False)
+    trainer = bare_trainer(root, fed, accelerator="gpu", devices=1, precision=precision, max_epochs=3)
+    trainer.fit(model, datamodule=dm)
+    return fed, model
+
+
+@pytest.mark.gpu
+def test_gpu_auto_is_batched_and_matches_sequential(tmp_path: Path) -> None:
+    """On a GPU, ``auto`` stacks; in float32 a batched round is the sequential one; bf16-mixed trains batched."""
+    seq, seq_model = _gpu_fit(tmp_path / "seq", "sequential", "32-true")
+    auto, auto_model = _gpu_fit(tmp_path / "auto", "auto", "32-true")
+    assert auto.engine_used == "batched"
+    # GPU kernels of a stacked (grouped) convolution round differently from per-client ones: looser than the CPU.
+    for key, value in seq_model.state_dict().items():
+        torch.testing.assert_close(auto_model.state_dict()[key], value, atol=1e-3, rtol=0)
+    bf16, _ = _gpu_fit(tmp_path / "bf16", "batched", "bf16-mixed")
+    assert bf16.engine_used == "batched"
+    assert bf16.history[-1]["global_acc"] > 0.5
+    assert abs(bf16.history[-1]["global_acc"] - seq.history[-1]["global_acc"]) < 0.1
