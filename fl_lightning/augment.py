@@ -12,14 +12,12 @@ import torch
 from torch import Tensor, nn
 
 
-def random_crop(x: Tensor, padding: int, generator: torch.Generator | None = None) -> Tensor:
-    """Pad each image by ``padding`` zeros and crop a random window of the original size (torchvision's RandomCrop)."""
+def crop(x: Tensor, padding: int, dy: Tensor, dx: Tensor) -> Tensor:
+    """Pad each image by ``padding`` zeros and take the window at row ``dy[i]``, column ``dx[i]`` of the padded one."""
     if padding <= 0:
         return x
     b, _, h, w = x.shape
     padded = torch.nn.functional.pad(x, (padding, padding, padding, padding))
-    dy = torch.randint(0, 2 * padding + 1, (b,), device=x.device, generator=generator)
-    dx = torch.randint(0, 2 * padding + 1, (b,), device=x.device, generator=generator)
     rows = (dy[:, None] + torch.arange(h, device=x.device)[None, :])[:, None, :, None]  # [B,1,H,1]
     cols = (dx[:, None] + torch.arange(w, device=x.device)[None, :])[:, None, None, :]  # [B,1,1,W]
     batch = torch.arange(b, device=x.device)[:, None, None, None]
@@ -27,10 +25,37 @@ def random_crop(x: Tensor, padding: int, generator: torch.Generator | None = Non
     return padded[batch, channels, rows, cols]
 
 
+def random_crop(x: Tensor, padding: int, generator: torch.Generator | None = None) -> Tensor:
+    """Pad each image by ``padding`` zeros and crop a random window of the original size (torchvision's RandomCrop)."""
+    if padding <= 0:
+        return x
+    b = x.shape[0]
+    dy = torch.randint(0, 2 * padding + 1, (b,), device=x.device, generator=generator)
+    dx = torch.randint(0, 2 * padding + 1, (b,), device=x.device, generator=generator)
+    return crop(x, padding, dy, dx)
+
+
+def hflip(x: Tensor, flip: Tensor) -> Tensor:
+    """Mirror left-right the images where ``flip`` is true."""
+    return torch.where(flip[:, None, None, None], x.flip(-1), x)
+
+
 def random_hflip(x: Tensor, generator: torch.Generator | None = None) -> Tensor:
     """Mirror each image left-right with probability 1/2."""
-    flip = torch.rand(x.shape[0], device=x.device, generator=generator) < 0.5
-    return torch.where(flip[:, None, None, None], x.flip(-1), x)
+    return hflip(x, torch.rand(x.shape[0], device=x.device, generator=generator) < 0.5)
+
+
+def cut(x: Tensor, size: int, cy: Tensor, cx: Tensor) -> Tensor:
+    """Zero a ``size`` x ``size`` square centred at pixel (``cy[i]``, ``cx[i]``) of each image."""
+    if size <= 0:
+        return x
+    _, _, h, w = x.shape
+    ys = torch.arange(h, device=x.device)[None, :]
+    xs = torch.arange(w, device=x.device)[None, :]
+    in_y = (ys >= (cy[:, None] - size // 2)) & (ys < (cy[:, None] - size // 2 + size))  # [B,H]
+    in_x = (xs >= (cx[:, None] - size // 2)) & (xs < (cx[:, None] - size // 2 + size))  # [B,W]
+    mask = in_y[:, None, :, None] & in_x[:, None, None, :]
+    return x.masked_fill(mask, 0.0)
 
 
 def cutout(x: Tensor, size: int, generator: torch.Generator | None = None) -> Tensor:
@@ -40,12 +65,7 @@ def cutout(x: Tensor, size: int, generator: torch.Generator | None = None) -> Te
     b, _, h, w = x.shape
     cy = torch.randint(0, h, (b,), device=x.device, generator=generator)
     cx = torch.randint(0, w, (b,), device=x.device, generator=generator)
-    ys = torch.arange(h, device=x.device)[None, :]
-    xs = torch.arange(w, device=x.device)[None, :]
-    in_y = (ys >= (cy[:, None] - size // 2)) & (ys < (cy[:, None] - size // 2 + size))  # [B,H]
-    in_x = (xs >= (cx[:, None] - size // 2)) & (xs < (cx[:, None] - size // 2 + size))  # [B,W]
-    mask = in_y[:, None, :, None] & in_x[:, None, None, :]
-    return x.masked_fill(mask, 0.0)
+    return cut(x, size, cy, cx)
 
 
 class BatchTransform:
@@ -95,17 +115,40 @@ class BatchTransform:
 
     def __call__(self, x: Tensor, train: bool) -> Tensor:
         """Transform a raw batch (uint8 or float) into a normalised float32 one."""
+        choices = self.draw(x.shape[0], x.shape[-2:], x.device) if train and self.augments else None
+        return self.apply(x, choices)
+
+    def draw(self, batch: int, size: Sequence[int], device: torch.device | str) -> dict[str, Tensor]:
+        """The random choices of a training batch of ``batch`` images of ``size`` (H, W), in ``__call__``'s order.
+
+        Drawn from torch's global generator, as ``__call__`` draws them; several batches' choices, concatenated,
+        :meth:`apply` to their concatenated images (the batched engine: one transform for a step of many clients).
+        """
+        out: dict[str, Tensor] = {}
+        if self.crop_padding > 0:
+            side = 2 * self.crop_padding + 1
+            out["dy"] = torch.randint(0, side, (batch,), device=device)
+            out["dx"] = torch.randint(0, side, (batch,), device=device)
+        if self.hflip:
+            out["flip"] = torch.rand(batch, device=device) < 0.5
+        if self.cutout_size > 0:
+            out["cy"] = torch.randint(0, int(size[0]), (batch,), device=device)
+            out["cx"] = torch.randint(0, int(size[1]), (batch,), device=device)
+        return out
+
+    def apply(self, x: Tensor, choices: dict[str, Tensor] | None = None) -> Tensor:
+        """The transform with the given random ``choices`` (:meth:`draw`; ``None``: an evaluation batch)."""
         out = x.float().div_(255.0) if x.dtype == torch.uint8 else x.float()
-        if train and self.crop_padding > 0:
-            out = random_crop(out, self.crop_padding)
-        if train and self.hflip:
-            out = random_hflip(out)
+        if choices is not None and "dy" in choices:
+            out = crop(out, self.crop_padding, choices["dy"], choices["dx"])
+        if choices is not None and "flip" in choices:
+            out = hflip(out, choices["flip"])
         if self.mean is not None and self.std is not None:
             if self.mean.device != x.device:
                 self.mean, self.std = self.mean.to(x.device), self.std.to(x.device)
             out = (out - self.mean) / self.std
-        if train and self.cutout_size > 0:
-            out = cutout(out, self.cutout_size)
+        if choices is not None and "cy" in choices:
+            out = cut(out, self.cutout_size, choices["cy"], choices["cx"])
         return out
 
 

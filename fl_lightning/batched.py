@@ -328,6 +328,7 @@ def train_stacked(
     clip_grad_norm: float | None = None,
     on_step: Callable[[int], None] | None = None,
     pad: bool | None = None,
+    augment: BatchTransform | None = None,
 ) -> StackedResult:
     """Train ``clients`` together from the module's current weights; the module itself is left unchanged.
 
@@ -337,6 +338,7 @@ def train_stacked(
     of the stack, the others masked (their loss counts zero and their BatchNorm statistics are put back), when
     ``pad`` is true (default: on a GPU, or when at least three quarters of the clients take a full batch); else it
     selects the full-batch clients. ``on_step(n)`` is told how many client steps each stacked step took.
+    ``augment``: the datamodule's transform, so that clients with random batches (``rng``) are gathered too.
     """
     k = len(clients)
     template, attr_stack = stack_attributes([c.attributes for c in clients])
@@ -354,7 +356,7 @@ def train_stacked(
     steps = [c.steps for c in clients]
     device = next(iter(params.values())).device if params else torch.device("cpu")
     loss_sums = torch.zeros(k, dtype=torch.float64, device=device)
-    gather = _Gather.of(clients)
+    gather = _Gather.of(clients, augment)
     everyone = torch.arange(k, device=device)
     for i in range(max(steps, default=0)):
         active = [j for j in range(k) if steps[j] > i]
@@ -449,9 +451,13 @@ def _read(clients: Sequence[StackedClient], active: Sequence[int]) -> dict[int, 
 
 
 class _Gather:
-    """The clients' batches of a step read with one indexing and one transform (deterministic transforms only)."""
+    """A step's batches of all its clients read with one indexing and one transform.
 
-    def __init__(self, sources: Sequence[ClientBatches]) -> None:
+    With augmentation (a :class:`~fl_lightning.augment.BatchTransform` that augments), each client's random choices
+    are drawn on its own stream, as the sequential engine draws them, and applied to every client's images at once.
+    """
+
+    def __init__(self, sources: Sequence[ClientBatches], augment: BatchTransform | None, rngs: list[ClientRNG]) -> None:
         self.x = torch.cat([s.x for s in sources])
         self.y = torch.cat([s.y for s in sources])
         offsets = [0]
@@ -459,19 +465,33 @@ class _Gather:
             offsets.append(offsets[-1] + len(s.y))
         self.positions = [[pos + off for pos in s.batches] for s, off in zip(sources, offsets, strict=True)]
         self.transform = sources[0].transform
+        self.augment, self.rngs = augment, rngs
 
     @classmethod
-    def of(cls, clients: Sequence[StackedClient]) -> _Gather | None:
+    def of(cls, clients: Sequence[StackedClient], augment: BatchTransform | None) -> _Gather | None:
+        """The gatherer of ``clients``' batches, or ``None`` where they must be read one by one."""
         sources = [c.source for c in clients]
-        if any(s is None for s in sources) or any(c.rng is not None for c in clients):
+        rngs = [c.rng for c in clients]
+        if any(s is None for s in sources):
             return None
-        return cls(sources)  # type: ignore[arg-type]
+        if any(r is not None for r in rngs):
+            if augment is None or any(r is None for r in rngs):
+                return None
+            return cls(sources, augment, rngs)  # type: ignore[arg-type]
+        return cls(sources, None, [])  # type: ignore[arg-type]
 
     def step(self, i: int, active: Sequence[int]) -> dict[int, tuple[Tensor, Tensor]]:
+        """The ``i``-th batch of each client in ``active``."""
         parts = [self.positions[j][i] for j in active]
         idx = torch.cat(parts)
         x, y = self.x[idx], self.y[idx]
-        if self.transform is not None:
+        if self.augment is not None:
+            drawn = []
+            for j, part in zip(active, parts, strict=True):
+                with self.rngs[j].active():
+                    drawn.append(self.augment.draw(len(part), x.shape[-2:], x.device))
+            x = self.augment.apply(x, {key: torch.cat([d[key] for d in drawn]) for key in drawn[0]})
+        elif self.transform is not None:
             x = self.transform(x)
         sizes = [len(p) for p in parts]
         return dict(zip(active, zip(x.split(sizes), y.split(sizes), strict=True), strict=True))
@@ -618,6 +638,7 @@ class BatchedClients:
                 sgd,
                 module.hparams.get("clip_grad_norm"),
                 on_step=functools.partial(_count_steps, opt),
+                augment=transform if random_batches else None,
             )
             # The local weights go into the module only for a method that reads them at its client's end.
             load = _overrides(module, "on_client_end", FederatedHooks) or self.evaluate_local is not None

@@ -240,7 +240,7 @@ def test_sgd_variants_match_sequential(tmp_path: Path, method: type[FedAvg], mod
 
 
 def test_augmentation_keeps_each_clients_random_stream(tmp_path: Path) -> None:
-    augment = {"crop_padding": 1, "hflip": True}
+    augment = {"crop_padding": 1, "hflip": True, "cutout": 2}
     both(tmp_path, data_kwargs=augment)
     # the augmentation changed the training: a run without it ends elsewhere
     _, plain = run(tmp_path / "plain", "batched")
