@@ -26,6 +26,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
@@ -80,7 +81,7 @@ def batching_refusal(
     """Why ``module`` cannot train batched (``None``: it can). One short clause, for "trains sequentially: ...".
 
     ``facts``: ``scaler`` (a gradient scaler is in use), ``streaming`` (the data is read from disk per round),
-    ``distributed_hooks`` (local steps must go through Lightning's hooks).
+    ``strategy`` (the Trainer's: one device or DDP), ``device`` (CPU or CUDA).
     """
     name = type(module).__name__
     if not isinstance(module, FedAvg):
@@ -96,8 +97,12 @@ def batching_refusal(
         return "fp16 mixed precision needs a gradient scaler per client (bf16-mixed trains batched)"
     if facts.get("streaming"):
         return "the data is streamed from disk (in_memory=False) one client at a time"
-    if facts.get("distributed_hooks"):
-        return "the strategy runs local steps through Lightning's hooks"
+    strategy = facts.get("strategy")
+    if strategy is not None and not isinstance(strategy, SingleDeviceStrategy | DDPStrategy):
+        return f"the {type(strategy).__name__} strategy shards or wraps the model (one device or DDP train batched)"
+    device = facts.get("device")
+    if device is not None and torch.device(device).type not in ("cpu", "cuda"):
+        return f"it runs on {torch.device(device).type} (the batched engine keeps clients' random streams on CPU/CUDA)"
     if len(optimizers) != 1 or type(optimizers[0]) is not torch.optim.SGD:
         kinds = ", ".join(type(o).__name__ for o in optimizers) or "none"
         return f"its optimizer is {kinds}; the batched engine runs torch.optim.SGD"
@@ -215,7 +220,7 @@ def bound_attributes(module: nn.Module, attributes: Mapping[str, Any]) -> Iterat
 
 def client_attributes(module: FederatedHooks) -> dict[str, Any]:
     """The module's per-client attributes (:attr:`~fl_lightning.module.FederatedHooks.client_attributes`) now."""
-    return {name: module.__dict__.get(name) for name in module.client_attributes}
+    return {name: getattr(module, name, None) for name in module.client_attributes}
 
 
 def undeclared_changes(module: nn.Module, before: Mapping[str, int]) -> list[str]:
@@ -223,6 +228,15 @@ def undeclared_changes(module: nn.Module, before: Mapping[str, int]) -> list[str
     declared = set(getattr(module, "client_attributes", ())) | {"client"}
     after = attribute_ids(module)
     return sorted(k for k, v in after.items() if k not in declared and before.get(k) != v)
+
+
+class NotBatchable(RuntimeError):
+    """Raised inside the batched engine when a method turns out not to be batchable; it then trains sequentially."""
+
+
+def tensor_versions(module: nn.Module) -> list[tuple[str, int, int]]:
+    """Each parameter's and buffer's name, storage and in-place version counter: what tells a change to them."""
+    return [(n, t.data_ptr(), t._version) for n, t in module.state_dict(keep_vars=True).items()]
 
 
 def attribute_ids(module: nn.Module) -> dict[str, int]:
@@ -248,10 +262,12 @@ class ClientRNG:
         torch.set_rng_state(self.cpu_state)
         if self.cuda:
             torch.cuda.set_rng_state(self.cuda_state, self.device)
-        yield
-        self.cpu_state = torch.get_rng_state()
-        if self.cuda:
-            self.cuda_state = torch.cuda.get_rng_state(self.device)
+        try:
+            yield
+        finally:
+            self.cpu_state = torch.get_rng_state()
+            if self.cuda:
+                self.cuda_state = torch.cuda.get_rng_state(self.device)
 
 
 @dataclass
@@ -274,14 +290,29 @@ class StackedResult:
     params: dict[str, Tensor]
     buffers: dict[str, Tensor]
     losses: list[float]
+    #: State-dict names of shared (tied) tensors → the name they are stacked under.
+    aliases: dict[str, str] = field(default_factory=dict)
 
     def client_state(self, k: int, template: Mapping[str, Tensor]) -> dict[str, Tensor]:
         """Client ``k``'s state dict (``template``: the module's state dict, for order, dtypes and other entries)."""
         out = {}
         for name, value in template.items():
-            stacked = self.params.get(name, self.buffers.get(name))
+            name_ = self.aliases.get(name, name)
+            stacked = self.params.get(name_, self.buffers.get(name_))
             out[name] = value if stacked is None else stacked[k].detach().to(value.dtype)
         return out
+
+
+def tensor_aliases(module: nn.Module) -> dict[str, str]:
+    """Every name of a parameter or buffer that ``module`` holds under several names → its first name."""
+    first: dict[int, str] = {}
+    aliases = {}
+    for name, t in [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]:
+        if id(t) in first:
+            aliases[name] = first[id(t)]
+        else:
+            first[id(t)] = name
+    return aliases
 
 
 class _ClientLoss(nn.Module):
@@ -370,6 +401,7 @@ def train_stacked(
         padded = pad if pad is not None else device.type == "cuda" or 4 * len(full) >= 3 * k
         stack = [params[n] for n in names]
         grads: list[Tensor] | None = None
+        reached = [False] * len(names)  # a parameter no loss reaches is not stepped (torch.optim.SGD skips it)
         calls = [(full, padded)] + [(members, False) for members in short.values()]
         for members, whole in calls:
             if whole or len(members) == k:  # every client of the stack in one call, those not in it masked
@@ -379,16 +411,17 @@ def train_stacked(
                 saved = [b.clone() for b in buffers.values()] if len(members) < k and buffers else None
                 losses = loss_fn(params, buffers, attr_stack, x, y)
                 keep = None
-                if len(members) < k:
-                    keep = torch.zeros(k, device=device)
-                    keep[members] = 1.0
-                    losses = losses * keep
+                if len(members) < k:  # where, not a product: a masked client's non-finite loss must not leak
+                    keep = torch.zeros(k, dtype=torch.bool, device=device)
+                    keep[members] = True
+                    losses = torch.where(keep, losses, torch.zeros((), dtype=losses.dtype, device=device))
                 loss_sums += losses.detach().double()
                 found = torch.autograd.grad(losses.sum(), stack, allow_unused=True)
+                reached = [r or g is not None for r, g in zip(reached, found, strict=True)]
                 if saved is not None and keep is not None:  # after the backward, which reads the statistics
                     with torch.no_grad():  # the masked clients' BatchNorm statistics are theirs again
                         for b, old in zip(buffers.values(), saved, strict=True):
-                            b.copy_(torch.where(keep.view(-1, *([1] * (b.dim() - 1))).bool(), b, old))
+                            b.copy_(torch.where(keep.view(-1, *([1] * (b.dim() - 1))), b, old))
                 found = [torch.zeros_like(p) if g is None else g for p, g in zip(stack, found, strict=True)]
                 grads = found if grads is None else [g.add_(f) for g, f in zip(grads, found, strict=True)]
                 continue
@@ -402,6 +435,7 @@ def train_stacked(
                     leaves, {n: b[j] for n, b in buffers.items()}, [a[j] for a in attr_stack], *batches[j]
                 )
                 found = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
+                reached = [r or g is not None for r, g in zip(reached, found, strict=True)]
                 with torch.no_grad():
                     for g, f in zip(grads, found, strict=True):
                         if f is not None:
@@ -415,6 +449,7 @@ def train_stacked(
             y = torch.stack([batches[j][1] for j in members])
             losses = loss_fn(leaves, sub_buffers, [a.index_select(0, idx.to(a.device)) for a in attr_stack], x, y)
             found = torch.autograd.grad(losses.sum(), list(leaves.values()), allow_unused=True)
+            reached = [r or g is not None for r, g in zip(reached, found, strict=True)]
             with torch.no_grad():
                 for n, b in buffers.items():  # a network's buffer updates (BatchNorm statistics) go back to them
                     b.index_copy_(0, idx, sub_buffers[n])
@@ -427,17 +462,23 @@ def train_stacked(
             grads = gradient_fn(grads, attr_stack)
         mask = None
         if len(active) < k:
-            mask = torch.zeros(k, device=device)
-            mask[active] = 1.0
+            mask = torch.zeros(k, dtype=torch.bool, device=device)
+            mask[active] = True
+        if gradient_fn is not None:
+            reached = [True] * len(names)  # local_gradient gives every parameter a gradient, as in local_step
+        used = [i for i, r in enumerate(reached) if r]
         with torch.no_grad():
             if clip_grad_norm is not None:
-                _clip_per_client(grads, clip_grad_norm)
-            _sgd_step([params[n] for n in names], grads, momentum_buffers, sgd, mask)
+                _clip_per_client([grads[i] for i in used], clip_grad_norm)
+            buffers_used = [momentum_buffers[i] for i in used]
+            _sgd_step([stack[i] for i in used], [grads[i] for i in used], buffers_used, sgd, mask)
+            for i, b in zip(used, buffers_used, strict=True):
+                momentum_buffers[i] = b
         if on_step is not None:
             on_step(len(active))
     sums = loss_sums.cpu().tolist()
     losses_out = [sums[j] / steps[j] if steps[j] else 0.0 for j in range(k)]
-    return StackedResult({n: p.detach() for n, p in params.items()}, buffers, losses_out)
+    return StackedResult({n: p.detach() for n, p in params.items()}, buffers, losses_out, tensor_aliases(module))
 
 
 def _read(clients: Sequence[StackedClient], active: Sequence[int]) -> dict[int, tuple[Tensor, Tensor]]:
@@ -509,22 +550,28 @@ def _clip_per_client(grads: list[Tensor], max_norm: float) -> None:
 def _sgd_step(
     params: list[Tensor], grads: list[Tensor], buffers: list[Tensor | None], sgd: SGDSettings, mask: Tensor | None
 ) -> None:
-    """``torch.optim.SGD``'s update on stacked clients; a client whose ``mask`` is 0 keeps its weights.
+    """``torch.optim.SGD``'s update on stacked clients; a client whose ``mask`` is false keeps its weights.
 
-    Its arithmetic, op for op, in foreach ops (one dispatch per operation for all parameters).
+    Its arithmetic, op for op, in foreach ops (one dispatch per operation for all parameters). ``buffers`` holds each
+    parameter's momentum buffer (``None`` before its first step), updated in place.
     """
-    d = torch._foreach_neg(grads) if sgd.maximize else grads
+    d = torch._foreach_neg(grads) if sgd.maximize else list(grads)
     if sgd.weight_decay != 0:
         d = torch._foreach_add(d, params, alpha=sgd.weight_decay)
     if sgd.momentum != 0:
-        if buffers[0] is None:
-            buffers[:] = [torch.clone(t).detach() for t in d]
-        else:
-            torch._foreach_mul_(buffers, sgd.momentum)
-            torch._foreach_add_(buffers, d, alpha=1 - sgd.dampening)
-        d = torch._foreach_add(d, buffers, alpha=sgd.momentum) if sgd.nesterov else buffers
-    if mask is not None:
-        d = torch._foreach_mul(d, [mask.view(-1, *([1] * (t.dim() - 1))).to(t.dtype) for t in d])
+        fresh = [i for i, b in enumerate(buffers) if b is None]
+        held = [i for i, b in enumerate(buffers) if b is not None]
+        for i in fresh:
+            buffers[i] = torch.clone(d[i]).detach()
+        if held:
+            old = [buffers[i] for i in held]
+            torch._foreach_mul_(old, sgd.momentum)  # type: ignore[arg-type]
+            torch._foreach_add_(old, [d[i] for i in held], alpha=1 - sgd.dampening)  # type: ignore[arg-type]
+        bufs = [b for b in buffers if b is not None]
+        d = torch._foreach_add(d, bufs, alpha=sgd.momentum) if sgd.nesterov else bufs
+    if mask is not None:  # where, not a product: a finished client keeps its weights whatever its gradient holds
+        zero = torch.zeros((), dtype=params[0].dtype, device=params[0].device)
+        d = [torch.where(mask.view(-1, *([1] * (t.dim() - 1))), t, zero) for t in d]
     torch._foreach_add_(params, d, alpha=-sgd.lr)
 
 
@@ -553,6 +600,10 @@ class BatchedClients:
         self.evaluate_local = evaluate_local
         self.round: RoundState | None = None
         self.payload: dict[str, Any] = {}
+        #: Why the clients train one by one from now on (a failure of the stacked step), or ``None``.
+        self.fallback: str | None = None
+        #: Told the reason when the engine falls back.
+        self.on_fallback: Callable[[str], None] | None = None
 
     def start_round(self, rnd: RoundState, payload: dict[str, Any]) -> None:
         """Train ``rnd``'s clients next; every client receives the method's ``payload``."""
@@ -579,7 +630,74 @@ class BatchedClients:
         assert rnd is not None
         if not positions:
             return None
+        if self.fallback is None:
+            done = rnd.done
+            try:
+                return self._train_stacks(trainer, positions, module, group)
+            except NotBatchable as err:
+                reason = str(err)
+            except Exception as err:  # noqa: BLE001 - a loss or network vmap cannot run: say so, train sequentially
+                if rnd.done != done:  # clients of this group already reached the round: nothing to redo
+                    raise
+                first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                reason = f"the stacked step failed ({type(err).__name__}: {first[:200]})"
+            self.fallback = reason
+            module.client = None
+            module.load_state_dict(rnd.global_weights)
+            if self.on_fallback is not None:
+                self.on_fallback(reason)
+        return self._train_one_by_one(trainer, positions, module, group)
+
+    def _train_one_by_one(
+        self, trainer: L.Trainer, positions: Sequence[int], module: FedAvg, group: ClientGroup
+    ) -> Tensor | None:
+        """The group's clients one after another, as :class:`~fl_lightning.executor.SequentialClients` trains them."""
+        rnd = self.round
+        assert rnd is not None
         lr = trainer.optimizers[0].param_groups[0]["lr"]
+        losses = []
+        for i, pos in enumerate(positions):
+            module.load_state_dict(rnd.global_weights)
+            for opt in trainer.optimizers:
+                opt.state.clear()
+            ctx = self._context(rnd, pos, module, lr)
+            seed_torch(round_seed(self.seed, rnd.plan.round, ctx.client, 1), module.device)
+            module.client = ctx
+            if module.teacher_needed(ctx):
+                module.refresh_teacher()
+            module.on_client_start(ctx)
+            loss = module.training_step(group.clients[i], pos)
+            upload = module.on_client_end(ctx) or {}
+            value = 0.0 if loss is None else float(loss)
+            losses.append(value)
+            if rnd.add_client(pos, module.state_dict(), upload, value, ctx.client, ctx.state):
+                self.client_states.put(ctx.client, ctx.state)
+                if self.evaluate_local is not None:
+                    rnd.add_local_eval(pos, self.evaluate_local(module))
+        module.load_state_dict(rnd.global_weights)
+        return torch.tensor(sum(losses) / len(losses)) if losses else None
+
+    def _context(self, rnd: RoundState, pos: int, module: FedAvg, lr: float) -> ClientContext:
+        slot = rnd.slots[pos]
+        client = rnd.plan.clients[slot]
+        return self.dm.client_context(
+            rnd.plan.round,
+            client,
+            steps=rnd.plan.steps[slot],
+            lr=lr,
+            weight=rnd.weights[slot],
+            server=self.payload,
+            state=to_device(self.client_states.get(client), module.device),
+            global_weights=rnd.global_weights,
+            device=module.device,
+            generator=torch.Generator().manual_seed(round_seed(self.seed, rnd.plan.round, client, 2)),
+        )
+
+    def _train_stacks(
+        self, trainer: L.Trainer, positions: Sequence[int], module: FedAvg, group: ClientGroup
+    ) -> Tensor | None:
+        rnd = self.round
+        assert rnd is not None
         sgd = SGDSettings.from_optimizer(trainer.optimizers[0])
         transform = self.dm.transform
         random_batches = isinstance(transform, BatchTransform) and transform.augments
@@ -588,35 +706,27 @@ class BatchedClients:
         members: list[StackedClient] = []
         needs_teacher = False
         for pos in positions:
-            slot = rnd.slots[pos]
-            client = rnd.plan.clients[slot]
-            ctx = self.dm.client_context(
-                rnd.plan.round,
-                client,
-                steps=rnd.plan.steps[slot],
-                lr=lr,
-                weight=rnd.weights[slot],
-                server=self.payload,
-                state=to_device(self.client_states.get(client), module.device),
-                global_weights=rnd.global_weights,
-                device=module.device,
-                generator=torch.Generator().manual_seed(round_seed(self.seed, rnd.plan.round, client, 2)),
-            )
+            ctx = self._context(rnd, pos, module, sgd.lr)
             contexts.append(ctx)
             needs_teacher = needs_teacher or module.teacher_needed(ctx)
         if needs_teacher:
             module.refresh_teacher()  # the global model, shared by every client of the group
+        weights = tensor_versions(module)
         for i, ctx in enumerate(contexts):
-            seed_torch(round_seed(self.seed, rnd.plan.round, ctx.client, 1))
+            seed_torch(round_seed(self.seed, rnd.plan.round, ctx.client, 1), module.device)
             module.client = ctx
             before = attribute_ids(module)
             module.on_client_start(ctx)
+            if tensor_versions(module) != weights:
+                raise NotBatchable(
+                    f"{type(module).__name__}.on_client_start changes the module's weights or buffers "
+                    "(the batched engine starts every client from the global weights)"
+                )
             changed = undeclared_changes(module, before)
             if changed:
-                raise RuntimeError(
-                    f"{type(module).__name__}.on_client_start sets {', '.join(changed)} without declaring it in "
-                    "client_attributes: declare every per-client attribute there to train batched, "
-                    "or use --federation.engine sequential"
+                raise NotBatchable(
+                    f"{type(module).__name__}.on_client_start sets {', '.join(changed)} without declaring "
+                    f"{'it' if len(changed) == 1 else 'them'} in client_attributes"
                 )
             attrs = client_attributes(module)
             rng = ClientRNG(module.device) if random_batches else None
@@ -636,7 +746,7 @@ class BatchedClients:
                 module,
                 [members[i] for i in stack],
                 sgd,
-                module.hparams.get("clip_grad_norm"),
+                module._clip_grad_norm,
                 on_step=functools.partial(_count_steps, opt),
                 augment=transform if random_batches else None,
             )
@@ -678,9 +788,10 @@ def auto_engine(device: torch.device) -> tuple[str, str]:
     """``auto``'s choice for a method that can train batched: the engine and why.
 
     On a GPU, a small network's step is bound by kernel launches, which stacking divides by the group size. On a CPU
-    this release measured no gain (``bench/bench_engines.py``: the stacked step is as compute-bound as the clients
-    one after another, and ``vmap`` adds per-operation work), so ``auto`` keeps the sequential engine there.
+    the image networks of the papers' settings measured slower batched (``bench/bench_engines.py``: 28×28 and 32×32
+    convolutions are compute-bound, and ``vmap``'s grouped convolutions are slower than per-client ones), so ``auto``
+    keeps the sequential engine there; ``batched`` is the choice for small inputs (the quickstart: 1.5× faster).
     """
     if device.type == "cuda":
         return "batched", "on a GPU, stacking clients divides the kernel launches of each local step"
-    return "sequential", "on a CPU the stacked step measured no faster (bench/bench_engines.py)"
+    return "sequential", "on a CPU the papers' image networks train slower batched (bench/bench_engines.py)"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Union
@@ -294,10 +295,10 @@ class RoundBatches:
         )
 
     def __iter__(self) -> Iterator[ClientGroup | ClientBatches | StreamedClientBatches | tuple[Tensor, Tensor]]:
-        if self.group is not None:
-            clients = list(self._clients())
-            for start in range(0, len(clients), self.group):
-                yield ClientGroup(clients[start : start + self.group])
+        if self.group is not None:  # one group's clients in memory at a time
+            clients = self._clients()
+            while group := list(itertools.islice(clients, self.group)):
+                yield ClientGroup(group)
         elif self.flat:
             yield from self.batches()
         elif isinstance(self.x, DatasetReader):

@@ -67,7 +67,7 @@ class SequentialClients:
         for opt in trainer.optimizers:
             opt.state.clear()
         # Seeded per client, so a client's random draws do not depend on which clients ran before it (or where).
-        seed_torch(round_seed(self.seed, rnd.plan.round, client, 1))
+        seed_torch(round_seed(self.seed, rnd.plan.round, client, 1), module.device)
         self.client = ctx = self.dm.client_context(
             rnd.plan.round,
             client,

@@ -69,8 +69,8 @@ class Federation(Callback):
         engine: how a round's local updates run: ``sequential`` (one client after another, Lightning's training loop),
             ``batched`` (the clients of a group take each local step together on a stacked model, see
             :mod:`fl_lightning.batched`; the same science up to float rounding) or ``auto`` (batched on a GPU,
-            sequential on a CPU, where batching measured no faster). A method or setting that cannot train batched
-            says why and trains sequentially.
+            sequential on a CPU, where the image networks measured slower batched). A method or setting that cannot
+            train batched says why (a warning) and trains sequentially.
         group_size: with the batched engine, at most this many clients are stacked at once (memory grows with it;
             ``None``: all of a process's clients of the round).
         collapse_rounds: stop a run as ``diverged`` once its global model has been right on at most one class (it
@@ -219,7 +219,6 @@ class Federation(Callback):
         )
         self.recorder = RunRecorder(run_dir, info, self.plots, self.rounds)
         self._evaluate_local = (lambda module: self.evaluate(module, trainer, split=False)) if self.eval_local else None
-        self.executor = SequentialClients(dm, self.client_states, self.seed, self._evaluate_local)
         if self._pending_state is not None:  # a checkpoint restored before setup (Lightning restores after it)
             self.load_state_dict(self._pending_state)
 
@@ -244,10 +243,11 @@ class Federation(Callback):
                 trainer.optimizers,
                 scaler=getattr(trainer.precision_plugin, "scaler", None) is not None,
                 streaming=self.dm.streaming,
+                strategy=trainer.strategy,
+                device=pl_module.device,
             )
-            sample = self.dm.input_sample(pl_module.device)
             if refusal is None:
-                refusal = network_refusal(pl_module, sample)
+                refusal = network_refusal(pl_module, self.dm.input_sample(pl_module.device))
             if refusal is not None:
                 note = f"engine {self.engine}: {refusal}; training sequentially"
                 if self.engine == "batched":
@@ -264,9 +264,17 @@ class Federation(Callback):
             if note is None:
                 self._engine_note = f"engine batched: up to {self.client_group} clients trained together"
             self.executor = BatchedClients(self.dm, self.client_states, self.seed, self._evaluate_local)
+            self.executor.on_fallback = self._engine_fell_back
         else:
             self.client_group = None
             self.executor = SequentialClients(self.dm, self.client_states, self.seed, self._evaluate_local)
+
+    def _engine_fell_back(self, reason: str) -> None:
+        """The batched engine met a client it cannot stack: from now on its clients train one by one."""
+        assert self.recorder is not None
+        rank_zero_warn(f"engine {self.engine}: {reason}; training sequentially")
+        self.engine_used = "sequential"
+        self.recorder.info["engine"] = "sequential"
 
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -34,6 +34,8 @@ FREE_KEYS: tuple[str, ...] = (
     "federation.plots",
     "federation.client_state_mb",  # where client states live, not what they are
     "federation.collapse_rounds",  # when a collapsed run stops; never a round's numbers
+    "federation.engine",  # how the local updates run: the same science up to float rounding
+    "federation.group_size",
 )
 #: Trainer settings that change the numbers a run produces.
 TRAINER_SCIENCE_KEYS: tuple[str, ...] = (

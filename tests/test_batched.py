@@ -69,14 +69,15 @@ def assert_same_federation(
     sequential: tuple[Federation, nn.Module],
     atol: float = ATOL,
     metric_atol: float = ATOL,
+    ran: str = "batched",
 ) -> None:
-    """The batched run ran batched and ended where the sequential run did: weights, losses, client and server state.
+    """The batched run ran ``ran`` and ended where the sequential run did: weights, losses, client and server state.
 
     ``atol`` bounds tensors, ``metric_atol`` the losses in the history (recorded in float32 by the sequential engine).
     """
     fed_b, model_b = batched
     fed_s, model_s = sequential
-    assert fed_b.engine_used == "batched"
+    assert fed_b.engine_used == ran
     assert fed_s.engine_used == "sequential"
     assert_trees_close(weights(model_b), weights(model_s), atol, "weights")
     assert len(fed_b.history) == len(fed_s.history) >= 1
@@ -248,6 +249,12 @@ def test_augmentation_keeps_each_clients_random_stream(tmp_path: Path) -> None:
     assert any(not torch.allclose(a, b) for a, b in zip(plain.parameters(), augmented.parameters(), strict=True))
 
 
+def test_client_states_spilled_to_disk_match_sequential(tmp_path: Path) -> None:
+    """``client_state_mb=0``: every SCAFFOLD control goes to disk between rounds and comes back to its client."""
+    both(tmp_path, SCAFFOLD, rounds=2, fed_kwargs={"client_state_mb": 0})
+    assert any((tmp_path / "batched" / "client_state").iterdir())
+
+
 # ---- 6. group sizes ----------------------------------------------------------------------------------------------
 
 
@@ -407,14 +414,42 @@ def test_network_without_vmap_trains_sequentially(tmp_path: Path) -> None:
     assert any("vmap" in str(w.message) for w in record), [str(w.message) for w in record]
 
 
-@pytest.mark.filterwarnings("ignore:run failed")
-def test_undeclared_client_attribute_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(RuntimeError, match="client_attributes") as err:
-        run(tmp_path, "batched", UndeclaredAttribute)
-    assert "foo" in str(err.value)
-    # the sequential engine has no such rule
-    fed, _ = run(tmp_path, "sequential", UndeclaredAttribute)
-    assert fed.status == "completed"
+class ChangesWeights(FedAvg):
+    """Starts each client from its own weights: what one stacked model cannot do."""
+
+    def on_client_start(self, client: Any) -> None:
+        with torch.no_grad():
+            next(self.parameters()).add_(0.01 * client.client)
+
+
+class ItemInLoss(FedAvg):
+    """A loss that reads a value out of a tensor (``.item()``), which ``vmap`` cannot batch."""
+
+    def client_loss(self, x: Tensor, y: Tensor) -> Tensor:
+        loss = F.cross_entropy(self(x), y)
+        return loss * (1.0 if loss.item() < 1e9 else 0.5)
+
+
+@pytest.mark.parametrize(
+    ("method", "why"),
+    [
+        (UndeclaredAttribute, "sets foo without declaring it in client_attributes"),
+        (ChangesWeights, "changes the module's weights or buffers"),
+        (ItemInLoss, "the stacked step failed"),
+    ],
+    ids=["undeclared-attribute", "changes-weights", "item-in-loss"],
+)
+def test_found_unbatchable_in_the_round_say_why_and_train_sequentially(
+    tmp_path: Path, method: type[FedAvg], why: str
+) -> None:
+    """What only the first round reveals falls back there, once, and gives the sequential engine's federation."""
+    with pytest.warns(UserWarning, match="training sequentially") as record:
+        batched = run(tmp_path, "batched", method, rounds=2)
+    messages = [str(w.message) for w in record if "training sequentially" in str(w.message)]
+    assert len(messages) == 1 and why in messages[0]
+    assert batched[0].engine_used == "sequential"
+    assert read_summary(tmp_path / "batched")["engine"] == "sequential"
+    assert_same_federation(batched, run(tmp_path, "sequential", method, rounds=2), ran="sequential")
 
 
 # ---- 11. auto and arguments --------------------------------------------------------------------------------------
