@@ -101,8 +101,9 @@ def last_evaluation(trainer: L.Trainer) -> tuple[int, float] | None:
 def round_clients(trainer: L.Trainer, batches_done: int) -> tuple[int, int] | None:
     """Clients of the round that are done after ``batches_done`` training batches, and the round's clients.
 
-    A method trains one client per training batch; any other module one local step per batch, client after client
-    (the round's plan says how many each). None outside a federation's training round.
+    A method trains one client per training batch (the batched engine: one group of clients); any other module one
+    local step per batch, client after client (the round's plan says how many each). None outside a federation's
+    training round.
     """
     try:
         loader = trainer.train_dataloader
@@ -112,6 +113,9 @@ def round_clients(trainer: L.Trainer, batches_done: int) -> tuple[int, int] | No
     clients = getattr(plan, "clients", None)
     if clients is None:
         return None
+    group = getattr(loader, "group", None)
+    if group:  # the batched engine: a training batch is a group of clients
+        return min(batches_done * group, len(clients)), len(clients)
     per_client = plan.steps if getattr(loader, "flat", False) else (1,) * len(clients)
     return sum(1 for end in itertools.accumulate(per_client) if end <= batches_done), len(clients)
 

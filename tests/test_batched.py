@@ -558,6 +558,17 @@ def test_train_stacked_batchnorm_matches_per_client_loops(pad: bool) -> None:
         assert_trees_close({name: state[name] for name in expected}, expected, 1e-10, f"client {k}")
 
 
+def test_bf16_autocast_trains_batched(tmp_path: Path) -> None:
+    """``bf16-mixed`` (CPU autocast here) stacks too; bf16 rounds differently per kernel, so losses agree to 1e-3."""
+    _, batched, _ = tiny_run(
+        tmp_path / "b", METHODS["fedntd"], rounds=2, precision="bf16-mixed", fed_kwargs={"engine": "batched"}
+    )
+    _, sequential, _ = tiny_run(tmp_path / "s", METHODS["fedntd"], rounds=2, precision="bf16-mixed")
+    assert batched.engine_used == "batched"
+    for row_b, row_s in zip(batched.history, sequential.history, strict=True):
+        assert row_b["train_loss"] == pytest.approx(row_s["train_loss"], abs=1e-3)
+
+
 # ---- GPU ------------------------------------------------------------------------------------------------------------
 
 
