@@ -27,8 +27,8 @@ CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 #: Arguments whose default is ``None`` (an option switched off) are left out too.
 NOT_WRITTEN = frozenset({"server_lr", "teacher_free", "proj_dim"})
 
-#: Registered methods without paper-setting configs (use them with ``--model FedProx`` on any config).
-NO_CONFIGS = ("fedprox", "fedrs")
+#: Registered methods without paper-setting configs (use them with ``--model <Name>`` on any config).
+NO_CONFIGS: tuple[str, ...] = ()
 
 
 def class_path(cls: type) -> str:
