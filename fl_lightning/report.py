@@ -62,66 +62,203 @@ def fmt(values: Sequence[float], scale: float = 100.0, digits: int = 2) -> str:
     return f"{mean:.{digits}f}" if len(values) == 1 else f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
-def summarize(runs: Sequence[RunRef], baseline: str) -> list[dict[str, Any]]:
-    """One row per (setting, method): accuracies, forgetting, rounds to the baseline's final accuracy, speedup."""
-    grouped: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    order: list[tuple[str, str]] = []
-    for setting, method, _seed, run_dir in runs:
-        if (setting, method) not in grouped:
-            order.append((setting, method))
+#: Rounds-to-target definitions: name -> (the baseline run's accuracy that is the target, the paper that defines it).
+TARGETS: dict[str, tuple[str, str]] = {
+    "final": ("final_acc", "FedNTD; METHODS.md"),
+    "best": ("best_acc", "FedLMD"),
+}
+#: Accuracies compared seed by seed with the baseline: name in the results -> key in a run's ``summary.json``.
+DELTAS: dict[str, str] = {"final_acc": "final_acc", "best_acc": "best_acc", "last10_acc": "last10_mean_acc"}
+#: Columns of ``per_seed.csv``, one row per run.
+PER_SEED_COLUMNS: tuple[str, ...] = (
+    "setting",
+    "method",
+    "seed",
+    "status",
+    "final_acc",
+    "best_acc",
+    "last10_acc",
+    "forgetting",
+    "rounds_to_final_target",
+    "rounds_to_best_target",
+    "delta_final_acc",
+    "delta_best_acc",
+    "delta_last10_acc",
+    "speedup_final_target",
+    "speedup_best_target",
+    "wall_seconds",
+)
+
+
+def load_runs(runs: Sequence[RunRef]) -> list[dict[str, Any]]:
+    """Each run's setting, method, seed, summary and per-round rows; a run without results has status ``missing``."""
+    loaded = []
+    for setting, method, seed, run_dir in runs:
         data = read_run(run_dir)
-        if data is not None:
+        if data is None:
+            data = {"summary": {"status": "missing"}, "rows": []}
+        else:
             data["summary"]["status"] = run_status(data["summary"])  # a `running` whose process is gone is stale
-        grouped[(setting, method)].append(data if data is not None else {"summary": {"status": "missing"}, "rows": []})
-    out = []
-    for setting, method in order:
-        results = grouped[(setting, method)]
-        base = grouped.get((setting, baseline), [])
-        base_done = [r for r in base if r["summary"].get("status") == "completed"]
-        target = float(np.mean([r["summary"]["final_acc"] for r in base_done])) if base_done else None
-        done = [r for r in results if r["summary"].get("status") == "completed"]
-        statuses = sorted({r["summary"].get("status", "missing") for r in results})
-        reach = []
-        for r in done:
-            if target is None:
-                continue
-            hit = rounds_to_target([int(x["round"]) for x in r["rows"]], [x["global_acc"] for x in r["rows"]], target)
-            reach.append(hit)
-        base_reach = []
-        for r in base_done:
-            hit = rounds_to_target(
-                [int(x["round"]) for x in r["rows"]], [x["global_acc"] for x in r["rows"]], target or 0.0
-            )
-            base_reach.append(hit)
-        reached = [h for h in reach if h is not None]
-        mean_rounds = float(np.mean(reached)) if reached and len(reached) == len(reach) else None
-        base_rounds = float(np.mean([h for h in base_reach if h is not None])) if base_reach else None
-        diverged = [r for r in results if r["summary"].get("status") == "diverged"]
-        out.append(
-            {
-                "setting": setting,
-                "method": method,
-                "seeds": len(results),
-                "completed": len(done),
-                "status": "diverged" if "diverged" in statuses else ",".join(statuses),
-                "final_acc": [r["summary"]["final_acc"] for r in done],
-                "best_acc": [r["summary"]["best_acc"] for r in done],
-                "last10_acc": [
-                    r["summary"].get("last10_mean_acc") for r in done if r["summary"].get("last10_mean_acc")
-                ],
-                "forgetting": [r["summary"]["forgetting"] for r in done],
-                "wall_seconds": [r["summary"]["wall_seconds"] for r in done],
-                "target": target,
-                "rounds_to_target": mean_rounds,
-                "speedup": (base_rounds / mean_rounds) if (mean_rounds and base_rounds) else None,
-                "diverged_round": [_divergence_round(r) for r in diverged],
-                "best_before_divergence": [
-                    max((x["global_acc"] for x in r["rows"] if math.isfinite(x["global_acc"])), default=math.nan)
-                    for r in diverged
-                ],
-            }
-        )
+        loaded.append({"setting": setting, "method": method, "seed": seed, **data})
+    return loaded
+
+
+def is_completed(run: dict[str, Any]) -> bool:
+    """Whether a loaded run completed (only completed runs enter means and pairings)."""
+    return run["summary"].get("status") == "completed"
+
+
+def baseline_by_seed(loaded: Sequence[dict[str, Any]], baseline: str) -> dict[tuple[str, int], dict[str, Any]]:
+    """The baseline's completed runs by (setting, seed).
+
+    Each method's run is paired with the baseline's run of the same setting and seed: the seed fixes the partition
+    and the client sampling.
+    """
+    out: dict[tuple[str, int], dict[str, Any]] = {}
+    for run in loaded:
+        if run["method"] == baseline and is_completed(run):
+            out.setdefault((run["setting"], run["seed"]), run)
     return out
+
+
+def first_round_at(run: dict[str, Any], target: float) -> int | None:
+    """The first round a run's global accuracy reaches ``target`` (None if it never does)."""
+    rows = run["rows"]
+    return rounds_to_target([int(x["round"]) for x in rows], [x["global_acc"] for x in rows], target)
+
+
+def paired_target(run: dict[str, Any], base: dict[str, Any], key: str) -> dict[str, Any]:
+    """Rounds to the target = the baseline run's ``key`` accuracy (its final or best), and the speedup.
+
+    The speedup is the baseline run's rounds to the target / the run's (None when either never reaches it).
+    """
+    target = float(base["summary"][key])
+    rounds, base_rounds = first_round_at(run, target), first_round_at(base, target)
+    return {"target": target, "rounds": rounds, "speedup": base_rounds / rounds if rounds and base_rounds else None}
+
+
+def paired_delta(run: dict[str, Any], base: dict[str, Any], key: str) -> float | None:
+    """The run's ``key`` accuracy minus the baseline run's (None when either lacks it)."""
+    value, base_value = run["summary"].get(key), base["summary"].get(key)
+    return None if value is None or base_value is None else float(value) - float(base_value)
+
+
+def seed_result(run: dict[str, Any], base: dict[str, Any] | None) -> dict[str, Any]:
+    """One run's row of ``per_seed.csv``.
+
+    Its accuracies (completed runs only) and, against the same-seed baseline run ``base`` (None when that is not
+    completed), its rounds to both targets, speedups and accuracy deltas.
+    """
+    summary, done = run["summary"], is_completed(run)
+    out: dict[str, Any] = {"setting": run["setting"], "method": run["method"], "seed": run["seed"]}
+    out["status"] = summary.get("status", "missing")
+    for name, key in {**DELTAS, "forgetting": "forgetting"}.items():
+        out[name] = summary.get(key) if done else None
+    out["wall_seconds"] = summary.get("wall_seconds")
+    paired = done and base is not None
+    out["paired"] = paired
+    for kind, (key, _paper) in TARGETS.items():
+        hit = paired_target(run, base, key) if paired else {"target": None, "rounds": None, "speedup": None}
+        out[f"{kind}_target"] = hit["target"]
+        out[f"rounds_to_{kind}_target"] = hit["rounds"]
+        out[f"speedup_{kind}_target"] = hit["speedup"]
+    for name, key in DELTAS.items():
+        out[f"delta_{name}"] = paired_delta(run, base, key) if paired else None
+    return out
+
+
+def per_seed_results(loaded: Sequence[dict[str, Any]], baseline: str) -> list[dict[str, Any]]:
+    """:func:`seed_result` of every loaded run, each against the baseline's run of the same setting and seed."""
+    bases = baseline_by_seed(loaded, baseline)
+    return [seed_result(run, bases.get((run["setting"], run["seed"]))) for run in loaded]
+
+
+def target_stats(results: Sequence[dict[str, Any]], kind: str) -> dict[str, Any]:
+    """Rounds and speedups to the ``kind`` target of a (setting, method)'s seeds paired with the baseline.
+
+    The targets, the rounds and speedups of the seeds that reached their target, and how many reached it out of how
+    many were paired.
+    """
+    paired = [r for r in results if r["paired"]]
+    reached = [r for r in paired if r[f"rounds_to_{kind}_target"] is not None]
+    return {
+        "target": [r[f"{kind}_target"] for r in paired],
+        "rounds": [r[f"rounds_to_{kind}_target"] for r in reached],
+        "speedup": [r[f"speedup_{kind}_target"] for r in reached if r[f"speedup_{kind}_target"] is not None],
+        "reached": len(reached),
+        "paired": len(paired),
+    }
+
+
+def _mean_if_all_reached(stats: dict[str, Any], key: str) -> float | None:
+    """The mean of ``stats[key]`` when every paired seed reached the target (else None)."""
+    values = stats[key]
+    if not stats["paired"] or stats["reached"] < stats["paired"] or len(values) < stats["paired"]:
+        return None
+    return float(np.mean(values))
+
+
+def _group_row(setting: str, method: str, runs: list[dict[str, Any]], results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The summary row of one (setting, method) from its loaded runs and their :func:`seed_result` rows."""
+    done = [r for r in runs if is_completed(r)]
+    statuses = sorted({r["summary"].get("status", "missing") for r in runs})
+    diverged = [r for r in runs if r["summary"].get("status") == "diverged"]
+    targets = {kind: target_stats(results, kind) for kind in TARGETS}
+    final = targets["final"]
+    return {
+        "setting": setting,
+        "method": method,
+        "seeds": len(runs),
+        "completed": len(done),
+        "status": "diverged" if "diverged" in statuses else ",".join(statuses),
+        "final_acc": [r["summary"]["final_acc"] for r in done],
+        "best_acc": [r["summary"]["best_acc"] for r in done],
+        "last10_acc": [
+            r["summary"]["last10_mean_acc"] for r in done if r["summary"].get("last10_mean_acc") is not None
+        ],
+        "forgetting": [r["summary"]["forgetting"] for r in done],
+        "wall_seconds": [r["summary"]["wall_seconds"] for r in done],
+        "wall_seconds_all": [
+            float(r["summary"]["wall_seconds"]) for r in runs if _finite(r["summary"].get("wall_seconds"))
+        ],
+        # the "final" target's numbers under their former names: the mean over the paired seeds
+        "target": float(np.mean(final["target"])) if final["target"] else None,
+        "rounds_to_target": _mean_if_all_reached(final, "rounds"),
+        "speedup": _mean_if_all_reached(final, "speedup"),
+        "targets": targets,
+        "deltas": {name: [r[f"delta_{name}"] for r in results if r[f"delta_{name}"] is not None] for name in DELTAS},
+        "diverged_round": [_divergence_round(r) for r in diverged],
+        "best_before_divergence": [
+            max((x["global_acc"] for x in r["rows"] if math.isfinite(x["global_acc"])), default=math.nan)
+            for r in diverged
+        ],
+    }
+
+
+def _finite(value: Any) -> bool:
+    """Whether ``value`` is a finite number."""
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def summarize(runs: Sequence[RunRef], baseline: str) -> list[dict[str, Any]]:
+    """One row per (setting, method): accuracies, forgetting, rounds to target, speedups and accuracy deltas.
+
+    Rounds, speedups and deltas pair each run with the baseline's run of the same setting and seed; the two targets
+    are that run's final and best accuracy.
+    """
+    return summarize_loaded(load_runs(runs), baseline)
+
+
+def summarize_loaded(loaded: Sequence[dict[str, Any]], baseline: str) -> list[dict[str, Any]]:
+    """:func:`summarize` of runs already loaded by :func:`load_runs`."""
+    results = per_seed_results(loaded, baseline)
+    groups: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for i, run in enumerate(loaded):
+        groups[(run["setting"], run["method"])].append(i)  # insertion order: the order the runs came in
+    return [
+        _group_row(setting, method, [loaded[i] for i in idx], [results[i] for i in idx])
+        for (setting, method), idx in groups.items()
+    ]
 
 
 def _divergence_round(run: dict[str, Any]) -> int:
@@ -134,19 +271,55 @@ def _divergence_round(run: dict[str, Any]) -> int:
     return int(run["summary"].get("rounds_done", len(run["rows"]))) + 1
 
 
-def _table_rows(summary: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
-    header = [
-        "setting",
-        "method",
-        "final acc (%)",
-        "best acc (%)",
-        "last-10 acc (%)",
-        "forgetting F",
-        "rounds to target",
-        "speedup",
-        "wall (s)",
-        "status",
-    ]
+def fmt_rounds(stats: dict[str, Any]) -> str:
+    """Mean ± std of the rounds to a target over the paired seeds; ``– (k/n)`` when only k of the n reached it.
+
+    >>> fmt_rounds({"rounds": [2, 4], "speedup": [], "reached": 2, "paired": 2})
+    '3.0 ± 1.4'
+    >>> fmt_rounds({"rounds": [2], "speedup": [], "reached": 1, "paired": 2})
+    '– (1/2)'
+    """
+    if not stats["paired"]:
+        return "–"
+    if stats["reached"] < stats["paired"]:
+        return f"– ({stats['reached']}/{stats['paired']})"
+    return fmt(stats["rounds"], scale=1.0, digits=1)
+
+
+def fmt_speedup(stats: dict[str, Any]) -> str:
+    """Mean ± std of the per-seed speedups (``2.00x ± 0.50``); ``– (k/n)`` when only k of n paired seeds reach it.
+
+    >>> fmt_speedup({"rounds": [2, 4], "speedup": [1.5, 2.5], "reached": 2, "paired": 2})
+    '2.00x ± 0.71'
+    """
+    if not stats["paired"]:
+        return "–"
+    if stats["reached"] < stats["paired"] or len(stats["speedup"]) < stats["paired"]:
+        return f"– ({stats['reached']}/{stats['paired']})"
+    mean, std = mean_std(stats["speedup"])
+    return f"{mean:.2f}x" if len(stats["speedup"]) == 1 else f"{mean:.2f}x ± {std:.2f}"
+
+
+def fmt_delta(deltas: Sequence[float]) -> str:
+    """Mean ± std of per-seed accuracy deltas in percentage points, and (seeds with a delta > 0 / seeds).
+
+    >>> fmt_delta([0.02, -0.01, 0.005])
+    '+0.50 ± 1.50 (2/3)'
+    """
+    if not deltas:
+        return "–"
+    mean, std = mean_std([100.0 * d for d in deltas])
+    wins = sum(d > 0 for d in deltas)
+    spread = "" if len(deltas) == 1 else f" ± {std:.2f}"
+    return f"{mean + 0.0:+.2f}{spread} ({wins}/{len(deltas)})"  # + 0.0: never "-0.00"
+
+
+def _table_rows(summary: list[dict[str, Any]], baseline: str) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the main table: mean ± std accuracies, forgetting, both targets' rounds and speedups."""
+    header = ["setting", "method", "final acc (%)", "best acc (%)", "last-10 acc (%)", "forgetting F"]
+    for kind in TARGETS:
+        header += [f"rounds to {baseline}'s {kind} acc", f"speedup ({baseline}'s {kind} acc)"]
+    header += ["wall (s)", "status"]
     rows = []
     for s in summary:
         if s["status"] == "diverged" or not s["completed"]:
@@ -155,46 +328,118 @@ def _table_rows(summary: list[dict[str, Any]]) -> tuple[list[str], list[list[str
                 best = [b for b in s["best_before_divergence"] if math.isfinite(b)]
                 final = "diverged in round " + ", ".join(str(r) for r in s["diverged_round"])
                 best_cell = f"{fmt(best)} before" if best else ""
-            rows.append([s["setting"], s["method"], final, best_cell, "", "", "", "", "", s["status"]])
+            blank = [""] * (len(header) - 5)
+            rows.append([s["setting"], s["method"], final, best_cell, *blank, s["status"]])
             continue
-        rows.append(
-            [
-                s["setting"],
-                s["method"],
-                fmt(s["final_acc"]),
-                fmt(s["best_acc"]),
-                fmt(s["last10_acc"]),
-                fmt(s["forgetting"], scale=1.0, digits=4),
-                "–" if s["rounds_to_target"] is None else f"{s['rounds_to_target']:.0f}",
-                "–" if s["speedup"] is None else f"{s['speedup']:.2f}x",
-                f"{np.mean(s['wall_seconds']):.0f}",
-                s["status"],
-            ]
-        )
+        row = [
+            s["setting"],
+            s["method"],
+            fmt(s["final_acc"]),
+            fmt(s["best_acc"]),
+            fmt(s["last10_acc"]),
+            fmt(s["forgetting"], scale=1.0, digits=4),
+        ]
+        for kind in TARGETS:
+            row += [fmt_rounds(s["targets"][kind]), fmt_speedup(s["targets"][kind])]
+        rows.append([*row, f"{np.mean(s['wall_seconds']):.0f}", s["status"]])
     return header, rows
 
 
-def write_tables(summary: list[dict[str, Any]], out_dir: Path, title: str) -> tuple[Path, Path]:
-    """``results.md`` and ``results.csv``."""
-    header, rows = _table_rows(summary)
-    md = [
+def _paired_rows(summary: list[dict[str, Any]], baseline: str) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the paired table: each method's per-seed accuracy deltas against the baseline."""
+    header = ["setting", "method", "paired seeds", "Δ final acc (pp)", "Δ best acc (pp)", "Δ last-10 acc (pp)"]
+    rows = [
+        [
+            s["setting"],
+            s["method"],
+            str(s["targets"]["final"]["paired"]),
+            *(fmt_delta(s["deltas"][name]) for name in DELTAS),
+        ]
+        for s in summary
+        if s["method"] != baseline
+    ]
+    return header, rows
+
+
+def _markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """A Markdown table's lines."""
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def total_wall(summary: list[dict[str, Any]]) -> tuple[float, int]:
+    """The comparison's wall time, and how many runs reported one.
+
+    The sum of every run's ``wall_seconds``, diverged and unfinished runs included.
+    """
+    walls = [w for s in summary for w in s["wall_seconds_all"]]
+    return float(sum(walls)), len(walls)
+
+
+def _header_lines(title: str, baseline: str, summary: list[dict[str, Any]]) -> list[str]:
+    """The Markdown title and the lines saying what the table's numbers are."""
+    targets = " and ".join(f"its {kind} accuracy ({paper})" for kind, (_key, paper) in TARGETS.items())
+    seconds, count = total_wall(summary)
+    return [
         f"# {title}",
         "",
-        "Mean ± std over seeds. Target: the baseline's mean final accuracy in the same setting; "
-        "speedup = baseline's rounds to target / the method's.",
+        "Mean ± std over seeds (completed runs only). Rounds to target: the first round a method's global accuracy "
+        f"reaches the target, each run paired by seed with the {baseline} run of the same setting and seed (the seed "
+        f"fixes partition and client sampling); two targets from that {baseline} run, {targets}. Speedup = the "
+        f"{baseline} run's rounds to the target / the method's, mean ± std over seeds; – (k/n): only k of the n "
+        "paired seeds reached the target.",
         "",
-        "| " + " | ".join(header) + " |",
-        "|" + "---|" * len(header),
+        f"Wall time of the comparison: {seconds:.0f} s ({seconds / 3600:.2f} h), the sum of {count} runs' "
+        "wall_seconds; wall (s) per row: the mean over its completed runs.",
+        "",
     ]
-    md += ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def write_tables(summary: list[dict[str, Any]], out_dir: Path, title: str, baseline: str) -> tuple[Path, Path]:
+    """``results.md`` (the main table, then the paired-by-seed table) and ``results.csv`` (the main table)."""
+    header, rows = _table_rows(summary, baseline)
+    md = _header_lines(title, baseline, summary) + _markdown_table(header, rows)
+    paired_header, paired = _paired_rows(summary, baseline)
+    if paired:
+        md += [
+            "",
+            f"## Paired by seed against {baseline}",
+            "",
+            f"Per seed, method − {baseline} (percentage points) over the seeds both completed: mean ± std, and "
+            f"(seeds the method beats {baseline} on / those seeds).",
+            "",
+            *_markdown_table(paired_header, paired),
+        ]
     # Whole files, under temporaries unique to this process: comparisons sharing an output folder never collide.
     write_text_atomic(out_dir / "results.md", "\n".join(md) + "\n")
+    write_text_atomic(out_dir / "results.csv", _csv_text(header, rows))
+    return out_dir / "results.md", out_dir / "results.csv"
+
+
+def _csv_text(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A CSV file's text."""
     buf = io.StringIO()
     writer = csv.writer(buf)
     writer.writerow(header)
     writer.writerows(rows)
-    write_text_atomic(out_dir / "results.csv", buf.getvalue())
-    return out_dir / "results.md", out_dir / "results.csv"
+    return buf.getvalue()
+
+
+def _csv_cell(value: Any) -> Any:
+    """A ``per_seed.csv`` cell: empty for None or a non-finite number, floats rounded to 6 decimals."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return ""
+    return round(value, 6) if isinstance(value, float) else value
+
+
+def write_per_seed(results: Sequence[dict[str, Any]], out_dir: Path) -> Path:
+    """``per_seed.csv``: one row per run, the columns :data:`PER_SEED_COLUMNS`.
+
+    Accuracies are fractions, deltas are against the baseline's run of the same setting and seed; a cell is empty
+    where that run or the value is missing.
+    """
+    rows = [[_csv_cell(r[c]) for c in PER_SEED_COLUMNS] for r in results]
+    write_text_atomic(out_dir / "per_seed.csv", _csv_text(PER_SEED_COLUMNS, rows))
+    return out_dir / "per_seed.csv"
 
 
 def plot_curves(runs: Sequence[RunRef], setting: str, path: Path, smooth: int = 0) -> Path:
@@ -292,11 +537,16 @@ def plot_class_heatmap(run_dir: Path, path: Path, title: str) -> Path | None:
 
 
 def write_report(name: str, output_dir: Path, runs: Sequence[RunRef], baseline: str, smooth: int = 0) -> Path:
-    """Tables and plots of a comparison into ``output_dir/report``; ``smooth > 1`` adds moving-average curves."""
+    """Tables and plots of a comparison into ``output_dir/report``; ``smooth > 1`` adds moving-average curves.
+
+    Tables: ``results.md`` (mean ± std, then paired by seed), ``results.csv`` and ``per_seed.csv``.
+    """
     out = Path(output_dir) / "report"
     out.mkdir(parents=True, exist_ok=True)
-    summary = summarize(runs, baseline)
-    write_tables(summary, out, f"{name} (baseline: {baseline})")
+    loaded = load_runs(runs)
+    summary = summarize_loaded(loaded, baseline)
+    write_tables(summary, out, f"{name} (baseline: {baseline})", baseline)
+    write_per_seed(per_seed_results(loaded, baseline), out)
     for setting in dict.fromkeys(s for s, *_ in runs):
         plot_curves(runs, setting, out / f"curves_{setting}.png")
         if smooth > 1:

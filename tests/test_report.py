@@ -8,7 +8,7 @@ import json
 import pytest
 
 from fl_lightning.metrics import forgetting, forgetting_degree, rounds_to_target
-from fl_lightning.report import fmt, mean_std, summarize, write_report
+from fl_lightning.report import PER_SEED_COLUMNS, fmt, fmt_delta, mean_std, summarize, write_report
 
 
 def test_forgetting_hand_made():
@@ -38,7 +38,7 @@ def test_mean_std_and_format():
     assert fmt([0.5]) == "50.00"
 
 
-def _fake_run(path, accs, status="completed", num_classes=2):
+def _fake_run(path, accs, status="completed", num_classes=2, wall_seconds=10.0):
     path.mkdir(parents=True)
     with open(path / "metrics.csv", "w", newline="") as f:
         fields = ["round", "global_acc", *[f"acc_class_{c}" for c in range(num_classes)]]
@@ -51,7 +51,7 @@ def _fake_run(path, accs, status="completed", num_classes=2):
         "final_acc": accs[-1],
         "best_acc": max(accs),
         "forgetting": 0.01,
-        "wall_seconds": 10.0,
+        "wall_seconds": wall_seconds,
         "last10_mean_acc": sum(accs[-10:]) / len(accs[-10:]),
     }
     (path / "summary.json").write_text(json.dumps(summary))
@@ -99,3 +99,181 @@ def test_report_files(comparison):
     assert rows[0][:3] == ["setting", "method", "final acc (%)"] and len(rows) == 4
     for name in ("curves_s.png", "class_acc_s_fedavg.png", "class_acc_s_fedntd.png"):
         assert (out / name).stat().st_size > 1000
+
+
+# Paired by seed: a baseline (fedavg) and two methods over seeds 0-2, with hand-chosen curves (5 rounds each).
+# Targets per seed, fedavg's final / best accuracy and the round fedavg reaches it:
+#   seed 0: final 0.5 (round 3), best 0.6 (round 4); seed 1: 0.6 (5), 0.6 (5); seed 2: 0.6 (3), 0.7 (3).
+PAIRED_CURVES = {
+    ("fedavg", 0): ([0.1, 0.3, 0.5, 0.6, 0.5], 100.0),  # last-10 0.40
+    ("fedavg", 1): ([0.2, 0.4, 0.4, 0.5, 0.6], 110.0),  # last-10 0.42
+    ("fedavg", 2): ([0.3, 0.5, 0.7, 0.6, 0.6], 120.0),  # last-10 0.54
+    # final target: rounds 1, 2, 2 (speedups 3, 2.5, 1.5); best target: rounds 2, 2, never (speedups 2, 2.5)
+    ("fedx", 0): ([0.5, 0.6, 0.6, 0.7, 0.7], 50.0),  # deltas final +0.20, best +0.10, last-10 +0.22
+    ("fedx", 1): ([0.3, 0.6, 0.5, 0.5, 0.5], 60.0),  # deltas final -0.10, best 0 (no win), last-10 +0.06
+    ("fedx", 2): ([0.4, 0.6, 0.65, 0.65, 0.65], 70.0),  # deltas final +0.05, best -0.05, last-10 +0.05
+    ("fedy", 0): ([0.6, 0.6, 0.6, 0.6, 0.6], 30.0),  # both targets at round 1 (speedups 3 and 4)
+    ("fedy", 1): ([0.2, float("nan")], 5.0),  # diverged: out of the means and pairings, its wall time counted
+    ("fedy", 2): None,  # missing: never ran
+}
+
+
+@pytest.fixture
+def paired_comparison(tmp_path):
+    runs = []
+    for (method, seed), curve in PAIRED_CURVES.items():
+        run_dir = tmp_path / "s" / method / f"seed{seed}"
+        if curve is not None:
+            accs, wall = curve
+            status = "completed" if all(a == a for a in accs) else "diverged"
+            _fake_run(run_dir, accs, status=status, wall_seconds=wall)
+        runs.append(("s", method, seed, run_dir))
+    return tmp_path, runs
+
+
+def test_fmt_delta():
+    assert fmt_delta([0.02, -0.01, 0.005]) == "+0.50 ± 1.50 (2/3)"
+    assert fmt_delta([-0.0123]) == "-1.23 (0/1)"
+    assert fmt_delta([0.0, 0.0]) == "+0.00 ± 0.00 (0/2)"
+    assert fmt_delta([]) == "–"
+
+
+def test_summary_pairs_each_seed_with_the_baselines(paired_comparison):
+    _, runs = paired_comparison
+    rows = {r["method"]: r for r in summarize(runs, baseline="fedavg")}
+    fedavg, fedx, fedy = rows["fedavg"], rows["fedx"], rows["fedy"]
+    # the baseline against itself: its own rounds, speedup 1
+    assert fedavg["targets"]["final"] == {
+        "target": [0.5, 0.6, 0.6],
+        "rounds": [3, 5, 3],
+        "speedup": [1.0, 1.0, 1.0],
+        "reached": 3,
+        "paired": 3,
+    }
+    assert fedavg["targets"]["best"]["rounds"] == [4, 5, 3]
+    assert fedx["targets"]["final"] == {
+        "target": [0.5, 0.6, 0.6],
+        "rounds": [1, 2, 2],
+        "speedup": [3.0, 2.5, 1.5],
+        "reached": 3,
+        "paired": 3,
+    }
+    # seed 2 never reaches fedavg's best accuracy 0.7 (it peaks at 0.65)
+    assert fedx["targets"]["best"] == {
+        "target": [0.6, 0.6, 0.7],
+        "rounds": [2, 2],
+        "speedup": [2.0, 2.5],
+        "reached": 2,
+        "paired": 3,
+    }
+    # the former columns are the final target's, paired by seed
+    assert fedx["target"] == pytest.approx(17 / 30)
+    assert fedx["rounds_to_target"] == pytest.approx(5 / 3)
+    assert fedx["speedup"] == pytest.approx(7 / 3)
+    assert fedx["deltas"]["final_acc"] == pytest.approx([0.2, -0.1, 0.05])
+    assert fedx["deltas"]["best_acc"] == pytest.approx([0.1, 0.0, -0.05])
+    assert fedx["deltas"]["last10_acc"] == pytest.approx([0.22, 0.06, 0.05])
+    # fedy: seed 1 diverged and seed 2 is missing, so only seed 0 is paired
+    assert fedy["status"] == "diverged" and fedy["completed"] == 1
+    assert fedy["targets"]["final"]["paired"] == 1 and fedy["targets"]["best"]["speedup"] == [4.0]
+    assert fedy["deltas"]["best_acc"] == [0.0]
+
+
+def test_report_paired_tables(paired_comparison):
+    tmp_path, runs = paired_comparison
+    out = write_report("demo", tmp_path, runs, "fedavg")
+    md = (out / "results.md").read_text()
+    # which paper each target follows
+    assert "its final accuracy (FedNTD; METHODS.md) and its best accuracy (FedLMD)" in md
+    assert (
+        "| rounds to fedavg's final acc | speedup (fedavg's final acc) "
+        "| rounds to fedavg's best acc | speedup (fedavg's best acc) |"
+    ) in md
+    assert (
+        "| s | fedavg | 56.67 ± 5.77 | 63.33 ± 5.77 | 45.33 ± 7.57 | 0.0100 ± 0.0000 | 3.7 ± 1.2 | 1.00x ± 0.00 |" in md
+    )
+    assert "| 4.0 ± 1.0 | 1.00x ± 0.00 | 110 | completed |" in md
+    assert "| s | fedx | 61.67 ± 10.41 | 65.00 ± 5.00 | 56.33 ± 7.37 |" in md
+    assert "| 1.7 ± 0.6 | 2.33x ± 0.76 | – (2/3) | – (2/3) | 60 | completed |" in md
+    assert "| s | fedy | diverged in round 2 | 20.00 before |" in md  # a diverged run still marks the row
+    assert "Wall time of the comparison: 545 s (0.15 h), the sum of 8 runs' wall_seconds" in md
+
+    paired = md[md.index("## Paired by seed against fedavg") :]
+    assert "| setting | method | paired seeds | Δ final acc (pp) | Δ best acc (pp) | Δ last-10 acc (pp) |" in paired
+    assert "| s | fedx | 3 | +5.00 ± 15.00 (2/3) | +1.67 ± 7.64 (1/3) | +11.00 ± 9.54 (3/3) |" in paired
+    assert "| s | fedy | 1 | +10.00 (1/1) | +0.00 (0/1) | +20.00 (1/1) |" in paired
+    assert "| s | fedavg |" not in paired
+
+    with open(out / "results.csv") as f:
+        table = list(csv.reader(f))
+    assert len(table) == 4 and table[0][6:10] == [
+        "rounds to fedavg's final acc",
+        "speedup (fedavg's final acc)",
+        "rounds to fedavg's best acc",
+        "speedup (fedavg's best acc)",
+    ]
+
+
+def test_per_seed_csv(paired_comparison):
+    tmp_path, runs = paired_comparison
+    out = write_report("demo", tmp_path, runs, "fedavg")
+    with open(out / "per_seed.csv") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == list(PER_SEED_COLUMNS)
+    assert rows[0][:13] == [
+        "setting",
+        "method",
+        "seed",
+        "status",
+        "final_acc",
+        "best_acc",
+        "last10_acc",
+        "forgetting",
+        "rounds_to_final_target",
+        "rounds_to_best_target",
+        "delta_final_acc",
+        "delta_best_acc",
+        "delta_last10_acc",
+    ]
+    by_run = {(r[1], r[2]): dict(zip(rows[0], r, strict=True)) for r in rows[1:]}
+    assert len(rows) == 1 + len(PAIRED_CURVES)
+    assert list(by_run[("fedavg", "1")].values()) == [
+        "s", "fedavg", "1", "completed", "0.6", "0.6", "0.42", "0.01", "5", "5", "0.0", "0.0", "0.0", "1.0", "1.0",
+        "110.0",
+    ]  # fmt: skip
+    assert list(by_run[("fedx", "0")].values()) == [
+        "s", "fedx", "0", "completed", "0.7", "0.7", "0.62", "0.01", "1", "2", "0.2", "0.1", "0.22", "3.0", "2.0",
+        "50.0",
+    ]  # fmt: skip
+    assert list(by_run[("fedx", "1")].values())[8:15] == ["2", "2", "-0.1", "0.0", "0.06", "2.5", "2.5"]
+    # seed 2 never reaches fedavg's best accuracy: no rounds, no speedup for that target
+    assert list(by_run[("fedx", "2")].values())[8:15] == ["2", "", "0.05", "-0.05", "0.05", "1.5", ""]
+    assert list(by_run[("fedy", "1")].values()) == ["s", "fedy", "1", "diverged", *[""] * 11, "5.0"]
+    assert list(by_run[("fedy", "2")].values()) == ["s", "fedy", "2", "missing", *[""] * 12]
+
+
+def test_unpaired_seed_when_the_baselines_run_is_missing(tmp_path):
+    runs = []
+    for method, seed, accs in [
+        ("fedavg", 0, [0.2, 0.5]),
+        ("fedavg", 1, None),
+        ("fedx", 0, [0.5, 0.6]),
+        ("fedx", 1, [0.6, 0.7]),
+    ]:
+        run_dir = tmp_path / method / f"seed{seed}"
+        if accs is not None:
+            _fake_run(run_dir, accs)
+        runs.append(("s", method, seed, run_dir))
+    rows = {r["method"]: r for r in summarize(runs, baseline="fedavg")}
+    fedx = rows["fedx"]
+    assert fedx["completed"] == 2 and fedx["final_acc"] == [0.6, 0.7]  # the unpaired seed still counts in the means
+    assert fedx["targets"]["final"] == {"target": [0.5], "rounds": [1], "speedup": [2.0], "reached": 1, "paired": 1}
+    assert fedx["deltas"]["final_acc"] == pytest.approx([0.1])
+    assert rows["fedavg"]["status"] == "completed,missing"
+    out = write_report("demo", tmp_path, runs, "fedavg")
+    md = (out / "results.md").read_text()
+    assert "| s | fedx | 1 | +10.00 (1/1) | +10.00 (1/1) | +20.00 (1/1) |" in md
+    with open(out / "per_seed.csv") as f:
+        per_seed = {(r["method"], r["seed"]): r for r in csv.DictReader(f)}
+    assert per_seed[("fedx", "1")]["final_acc"] == "0.7"
+    assert per_seed[("fedx", "1")]["rounds_to_final_target"] == "" and per_seed[("fedx", "1")]["delta_final_acc"] == ""
