@@ -572,12 +572,12 @@ def test_bf16_autocast_trains_batched(tmp_path: Path) -> None:
 # ---- GPU ------------------------------------------------------------------------------------------------------------
 
 
-def _gpu_fit(root: Path, engine: str, precision: str) -> tuple[Federation, FedAvg]:
+def _gpu_fit(root: Path, engine: str, precision: str, rounds: int) -> tuple[Federation, FedAvg]:
     L.seed_everything(0, verbose=False)
     dm = FederatedDataModule("digits", num_clients=5, partition="dirichlet", alpha=1.0, batch_size=32)
     model = METHODS["fedntd"](net="lenet", num_classes=10, in_channels=1, image_size=8, lr=0.05)
-    fed = Federation(rounds=3, local_epochs=2, engine=engine, plots=False)
-    trainer = bare_trainer(root, fed, accelerator="gpu", devices=1, precision=precision, max_epochs=3)
+    fed = Federation(rounds=rounds, local_epochs=2, engine=engine, plots=False)
+    trainer = bare_trainer(root, fed, accelerator="gpu", devices=1, precision=precision, max_epochs=rounds)
     trainer.fit(model, datamodule=dm)
     return fed, model
 
@@ -585,13 +585,14 @@ def _gpu_fit(root: Path, engine: str, precision: str) -> tuple[Federation, FedAv
 @pytest.mark.gpu
 def test_gpu_auto_is_batched_and_matches_sequential(tmp_path: Path) -> None:
     """On a GPU, ``auto`` stacks; in float32 a batched round is the sequential one; bf16-mixed trains batched."""
-    seq, seq_model = _gpu_fit(tmp_path / "seq", "sequential", "32-true")
-    auto, auto_model = _gpu_fit(tmp_path / "auto", "auto", "32-true")
+    _, seq_model = _gpu_fit(tmp_path / "seq", "sequential", "32-true", rounds=1)
+    auto, auto_model = _gpu_fit(tmp_path / "auto", "auto", "32-true", rounds=1)
     assert auto.engine_used == "batched"
-    # GPU kernels of a stacked (grouped) convolution round differently from per-client ones: looser than the CPU.
+    # GPU kernels of a stacked (grouped) convolution round differently from per-client ones (and TF32 may be on).
     for key, value in seq_model.state_dict().items():
         torch.testing.assert_close(auto_model.state_dict()[key], value, atol=1e-3, rtol=0)
-    bf16, _ = _gpu_fit(tmp_path / "bf16", "batched", "bf16-mixed")
+    seq, _ = _gpu_fit(tmp_path / "seq5", "sequential", "bf16-mixed", rounds=5)
+    bf16, _ = _gpu_fit(tmp_path / "bf16", "batched", "bf16-mixed", rounds=5)
     assert bf16.engine_used == "batched"
-    assert bf16.history[-1]["global_acc"] > 0.5
+    assert bf16.history[-1]["global_acc"] > 0.7  # 0.89 on the CPU (bf16-mixed, both engines)
     assert abs(bf16.history[-1]["global_acc"] - seq.history[-1]["global_acc"]) < 0.1
