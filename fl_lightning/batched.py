@@ -388,7 +388,7 @@ def train_stacked(
     device = next(iter(params.values())).device if params else torch.device("cpu")
     loss_sums = torch.zeros(k, dtype=torch.float64, device=device)
     gather = _Gather.of(clients, augment)
-    everyone = torch.arange(k, device=device)
+    steps_on_device = torch.tensor(steps, device=device)
     for i in range(max(steps, default=0)):
         active = [j for j in range(k) if steps[j] > i]
         batches = gather.step(i, active) if gather is not None else _read(clients, active)
@@ -412,8 +412,7 @@ def train_stacked(
                 losses = loss_fn(params, buffers, attr_stack, x, y)
                 keep = None
                 if len(members) < k:  # where, not a product: a masked client's non-finite loss must not leak
-                    keep = torch.zeros(k, dtype=torch.bool, device=device)
-                    keep[members] = True
+                    keep = _on(device, [j in members for j in range(k)])
                     losses = torch.where(keep, losses, torch.zeros((), dtype=losses.dtype, device=device))
                 loss_sums += losses.detach().double()
                 found = torch.autograd.grad(losses.sum(), stack, allow_unused=True)
@@ -442,7 +441,7 @@ def train_stacked(
                             g[j].add_(f)
                 loss_sums[j] += loss.detach().double()
                 continue
-            idx = everyone[members]
+            idx = _on(device, members)
             leaves = {n: params[n].index_select(0, idx).detach().requires_grad_() for n in names}
             sub_buffers = {n: b.index_select(0, idx) for n, b in buffers.items()}
             x = torch.stack([batches[j][0] for j in members])
@@ -456,29 +455,34 @@ def train_stacked(
                 for g, f in zip(grads, found, strict=True):
                     if f is not None:
                         g.index_add_(0, idx, f)
-            loss_sums[members] += losses.detach().double()
+            loss_sums.index_add_(0, idx, losses.detach().double())
         assert grads is not None
         if gradient_fn is not None:
             grads = gradient_fn(grads, attr_stack)
         mask = None
         if len(active) < k:
-            mask = torch.zeros(k, dtype=torch.bool, device=device)
-            mask[active] = True
+            mask = steps_on_device > i
         if gradient_fn is not None:
             reached = [True] * len(names)  # local_gradient gives every parameter a gradient, as in local_step
-        used = [i for i, r in enumerate(reached) if r]
+        used = [n for n, r in enumerate(reached) if r]
         with torch.no_grad():
             if clip_grad_norm is not None:
-                _clip_per_client([grads[i] for i in used], clip_grad_norm)
-            buffers_used = [momentum_buffers[i] for i in used]
-            _sgd_step([stack[i] for i in used], [grads[i] for i in used], buffers_used, sgd, mask)
-            for i, b in zip(used, buffers_used, strict=True):
-                momentum_buffers[i] = b
+                _clip_per_client([grads[n] for n in used], clip_grad_norm)
+            buffers_used = [momentum_buffers[n] for n in used]
+            if used:
+                _sgd_step([stack[n] for n in used], [grads[n] for n in used], buffers_used, sgd, mask)
+            for n, b in zip(used, buffers_used, strict=True):
+                momentum_buffers[n] = b
         if on_step is not None:
             on_step(len(active))
     sums = loss_sums.cpu().tolist()
     losses_out = [sums[j] / steps[j] if steps[j] else 0.0 for j in range(k)]
     return StackedResult({n: p.detach() for n, p in params.items()}, buffers, losses_out, tensor_aliases(module))
+
+
+def _on(device: torch.device, values: list) -> Tensor:
+    """``values`` as a tensor on ``device``, copied without waiting for the device (no stream synchronisation)."""
+    return torch.tensor(values).to(device, non_blocking=True)
 
 
 def _read(clients: Sequence[StackedClient], active: Sequence[int]) -> dict[int, tuple[Tensor, Tensor]]:
