@@ -41,6 +41,8 @@ from fl_lightning.state import ClientStateStore
 
 #: The engines a :class:`~fl_lightning.Federation` can run a round's local updates with.
 ENGINES = ("sequential", "batched", "auto")
+#: ``auto`` on a CPU: batched when a local batch holds at most this many input values (see :func:`auto_engine`).
+AUTO_CPU_BATCH_VALUES = 8192
 
 
 # ---- what the engine needs of a method ---------------------------------------------------------------------------
@@ -788,14 +790,25 @@ def _count_steps(opt: Any, n: int) -> None:
         opt._on_after_step()
 
 
-def auto_engine(device: torch.device) -> tuple[str, str]:
+def auto_engine(device: torch.device, batch_values: int) -> tuple[str, str]:
     """``auto``'s choice for a method that can train batched: the engine and why.
 
-    On a GPU, a small network's step is bound by kernel launches, which stacking divides by the group size. On a CPU
-    the image networks of the papers' settings measured slower batched (``bench/bench_engines.py``: 28×28 and 32×32
-    convolutions are compute-bound, and ``vmap``'s grouped convolutions are slower than per-client ones), so ``auto``
-    keeps the sequential engine there; ``batched`` is the choice for small inputs (the quickstart: 1.5× faster).
+    ``batch_values``: the input values of one local batch (batch size × values per sample). On a GPU a small network's
+    step is bound by kernel launches, which stacking divides by the group size: batched. On a CPU the arithmetic
+    decides: small inputs train faster batched (the 8×8 quickstart, 2,048 values a batch: 1.50×; the tabular MLP,
+    480: 1.06×), the papers' 28×28 and 32×32 images slower (39,200 values: 0.90×; 153,600: 0.52×; figures of
+    ``bench/bench_engines.py`` in the README), where ``vmap``'s grouped convolutions are compute-bound.
     """
     if device.type == "cuda":
         return "batched", "on a GPU, stacking clients divides the kernel launches of each local step"
-    return "sequential", "on a CPU the papers' image networks train slower batched (bench/bench_engines.py)"
+    if batch_values <= AUTO_CPU_BATCH_VALUES:
+        return "batched", f"a local batch holds {batch_values:,} input values, small enough to train faster stacked"
+    return (
+        "sequential",
+        f"a local batch holds {batch_values:,} input values: the CPU is compute-bound, stacking is slower",
+    )
+
+
+def batch_values(sample: Tensor, batch_size: int) -> int:
+    """Input values in one local batch of ``batch_size`` samples shaped like ``sample``."""
+    return sample.numel() * batch_size

@@ -23,7 +23,14 @@ from typing_extensions import override
 
 from fl_lightning import faults, rules
 from fl_lightning.aggregation import aggregation_weights
-from fl_lightning.batched import ENGINES, BatchedClients, auto_engine, batching_refusal, network_refusal
+from fl_lightning.batched import (
+    ENGINES,
+    BatchedClients,
+    auto_engine,
+    batch_values,
+    batching_refusal,
+    network_refusal,
+)
 from fl_lightning.context import ServerContext
 from fl_lightning.data import FederatedDataModule
 from fl_lightning.distributed import rank_and_world, to_device
@@ -68,9 +75,9 @@ class Federation(Callback):
             before further clients' states are kept on disk under ``<run dir>/client_state`` (``None``: no limit).
         engine: how a round's local updates run: ``sequential`` (one client after another, Lightning's training loop),
             ``batched`` (the clients of a group take each local step together on a stacked model, see
-            :mod:`fl_lightning.batched`; the same science up to float rounding) or ``auto`` (batched on a GPU,
-            sequential on a CPU, where the image networks measured slower batched). A method or setting that cannot
-            train batched says why (a warning) and trains sequentially.
+            :mod:`fl_lightning.batched`; the same science up to float rounding) or ``auto`` (batched on a GPU; on a
+            CPU batched for small inputs only, see :func:`~fl_lightning.batched.auto_engine`). A method or setting
+            that cannot train batched says why (a warning) and trains sequentially.
         group_size: with the batched engine, at most this many clients are stacked at once (memory grows with it;
             ``None``: all of a process's clients of the round).
         collapse_rounds: stop a run as ``diverged`` once its global model has been right on at most one class (it
@@ -246,8 +253,10 @@ class Federation(Callback):
                 strategy=trainer.strategy,
                 device=pl_module.device,
             )
+            sample = None
             if refusal is None:
-                refusal = network_refusal(pl_module, self.dm.input_sample(pl_module.device))
+                sample = self.dm.input_sample(pl_module.device)
+                refusal = network_refusal(pl_module, sample)
             if refusal is not None:
                 note = f"engine {self.engine}: {refusal}; training sequentially"
                 if self.engine == "batched":
@@ -255,7 +264,8 @@ class Federation(Callback):
             elif self.engine == "batched":
                 engine = "batched"
             else:
-                engine, why = auto_engine(pl_module.device)
+                assert sample is not None
+                engine, why = auto_engine(pl_module.device, batch_values(sample, self.dm.batch_size))
                 note = f"engine auto: {engine} ({why})"
         self.engine_used, self._engine_note = engine, note
         self.recorder.info["engine"] = engine

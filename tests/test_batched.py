@@ -455,12 +455,14 @@ def test_found_unbatchable_in_the_round_say_why_and_train_sequentially(
 # ---- 11. auto and arguments --------------------------------------------------------------------------------------
 
 
-def test_auto_is_sequential_on_the_cpu_and_batched_on_a_gpu(tmp_path: Path) -> None:
+def test_auto_picks_by_input_size_on_the_cpu_and_batched_on_a_gpu(tmp_path: Path) -> None:
     fed, _ = run(tmp_path, "auto")
-    assert fed.engine_used == "sequential"  # on a CPU the stacked step measured no faster
-    assert read_summary(tmp_path / "auto")["engine"] == "sequential"
-    assert auto_engine(torch.device("cpu"))[0] == "sequential"
-    assert auto_engine(torch.device("cuda"))[0] == "batched"
+    assert fed.engine_used == "batched"  # digits: 8×8 × batch 32 = 2,048 input values, faster stacked on a CPU
+    assert read_summary(tmp_path / "auto")["engine"] == "batched"
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert auto_engine(cpu, 2048)[0] == "batched"
+    assert auto_engine(cpu, 28 * 28 * 50)[0] == "sequential"  # the Fashion-MNIST FedNTD setting
+    assert auto_engine(cuda, 3 * 32 * 32 * 50)[0] == "batched"
 
 
 def test_auto_keeps_unbatchable_methods_sequential(tmp_path: Path) -> None:
