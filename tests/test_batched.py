@@ -193,6 +193,35 @@ def test_batchnorm_network_matches_sequential(tmp_path: Path, name: str) -> None
     assert_same_federation(results["batched"], results["sequential"], atol=1e-10, metric_atol=1e-6)
 
 
+class TiedAndUnused(nn.Module):
+    """A network with a weight shared by two layers and a layer no loss reaches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encode = nn.Linear(64, 64)
+        self.tied = nn.Linear(64, 64)
+        self.tied.weight = self.encode.weight
+        self.unused = nn.Linear(4, 4)
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(torch.relu(self.tied(torch.relu(self.encode(x.flatten(1))))))
+
+
+def test_tied_and_unused_parameters_match_sequential(tmp_path: Path) -> None:
+    """A shared weight keeps its local update under both names; a parameter no loss reaches is not decayed."""
+    results = {}
+    for engine in ("batched", "sequential"):
+        torch.manual_seed(0)
+        model = FedAvg(net=TiedAndUnused(), num_classes=10, lr=0.05, weight_decay=0.1)
+        results[engine] = (net_fit(tmp_path / engine, model, engine=engine), model)
+    assert_same_federation(results["batched"], results["sequential"])
+    net = results["batched"][1].net
+    assert net.tied.weight is net.encode.weight
+    torch.manual_seed(0)
+    assert torch.equal(net.unused.weight, TiedAndUnused().unused.weight)  # untouched: no gradient, no decay
+
+
 # ---- 3. unequal clients -------------------------------------------------------------------------------------------
 
 
