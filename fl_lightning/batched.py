@@ -35,6 +35,7 @@ from fl_lightning.context import ClientContext
 from fl_lightning.data import ClientBatches, ClientGroup, FederatedDataModule
 from fl_lightning.distributed import to_device
 from fl_lightning.evaluation import Evaluation
+from fl_lightning.executor import SequentialClients
 from fl_lightning.module import FedAvg, FederatedHooks
 from fl_lightning.rounds import RoundState, round_seed, seed_torch
 from fl_lightning.state import ClientStateStore
@@ -584,7 +585,7 @@ def _sgd_step(
 # ---- the executor ------------------------------------------------------------------------------------------------
 
 
-class BatchedClients:
+class BatchedClients(SequentialClients):
     """The round's clients trained in stacks: each training batch is a :class:`~fl_lightning.data.ClientGroup`.
 
     Per group: each client's setup runs as in :class:`~fl_lightning.executor.SequentialClients` (its seed, context,
@@ -600,20 +601,11 @@ class BatchedClients:
         seed: int,
         evaluate_local: Callable[[L.LightningModule], Evaluation] | None = None,
     ) -> None:
-        self.dm = datamodule
-        self.client_states = client_states
-        self.seed = seed
-        self.evaluate_local = evaluate_local
-        self.round: RoundState | None = None
-        self.payload: dict[str, Any] = {}
+        super().__init__(datamodule, client_states, seed, evaluate_local)
         #: Why the clients train one by one from now on (a failure of the stacked step), or ``None``.
         self.fallback: str | None = None
         #: Told the reason when the engine falls back.
         self.on_fallback: Callable[[str], None] | None = None
-
-    def start_round(self, rnd: RoundState, payload: dict[str, Any]) -> None:
-        """Train ``rnd``'s clients next; every client receives the method's ``payload``."""
-        self.round, self.payload = rnd, payload
 
     def on_batch_start(self, trainer: L.Trainer, module: L.LightningModule, batch: Any, batch_idx: int) -> None:
         """Attach the group's training to the batch, which the method's ``training_step`` runs."""
