@@ -5,7 +5,8 @@ dispatch ten times the kernels of one stacked step. Here the K clients of a grou
 (``[K, ...]`` per parameter); each local step runs the method's own :meth:`~fl_lightning.FedAvg.client_loss` once,
 under :func:`torch.func.vmap` over :func:`torch.func.functional_call`, takes the gradient of the summed losses (the
 clients are independent, so this is each client's own gradient) and applies SGD (momentum, dampening, Nesterov,
-weight decay, gradient clipping) per client. A client with fewer steps stops: its later steps are masked.
+weight decay, gradient clipping) per client. A client with fewer steps stops: its later steps are masked. A short
+last batch is padded to the full batch with weight-0 samples where the loss is a mean over samples.
 
 What a method computes per client in ``on_client_start`` and reads in ``client_loss`` is named in its
 :attr:`~fl_lightning.module.FederatedHooks.client_attributes`; the engine stacks those attributes over the group and
@@ -345,6 +346,41 @@ def _local_loss(
     return loss
 
 
+def pads_short_batches(module: FedAvg) -> bool:
+    """Whether a short last batch can join its step's stacked call, padded to the full batch with weight-0 samples.
+
+    It can when the loss is a mean over samples of per-sample terms, plus terms that do not depend on the batch
+    (declared by the class that defines ``client_loss``: ``sample_mean_loss = True``; a subclass that overrides
+    ``client_loss`` must declare it again), and no layer mixes the samples of a batch (BatchNorm).
+    """
+    owner = next(c for c in type(module).__mro__ if "client_loss" in c.__dict__)
+    if not owner.__dict__.get("sample_mean_loss", False):
+        return False
+    return not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules())
+
+
+def _sample_weighted(
+    loss: Callable[[dict[str, Tensor], dict[str, Tensor], list[Tensor], Tensor, Tensor], Tensor],
+) -> Callable[..., Tensor]:
+    """``loss`` as the ``w``-weighted mean of its per-sample values: Σ_i w_i·L(x_i, y_i) / max(Σ_i w_i, 1).
+
+    For a loss that is a mean over samples (:func:`pads_short_batches`) and 0/1 weights this is the loss of the
+    weight-1 samples alone, whatever the weight-0 ones hold.
+    """
+
+    def weighted(
+        params: dict[str, Tensor], buffers: dict[str, Tensor], attrs: list[Tensor], x: Tensor, y: Tensor, w: Tensor
+    ) -> Tensor:
+        def one(xi: Tensor, yi: Tensor) -> Tensor:
+            return loss(params, buffers, attrs, xi.unsqueeze(0), yi.unsqueeze(0))
+
+        per_sample = vmap(one, randomness="error")(x, y)
+        zero = torch.zeros((), dtype=per_sample.dtype, device=per_sample.device)
+        return torch.where(w > 0, per_sample * w, zero).sum() / w.sum().clamp_min(1)
+
+    return weighted
+
+
 def _local_gradient(
     module: FedAvg, template: Mapping[str, Any]
 ) -> Callable[[list[Tensor], list[Tensor]], list[Tensor]]:
@@ -368,7 +404,8 @@ def train_stacked(
 
     Every client's attributes must have the same structure (:func:`stack_attributes`). Step ``i`` trains the clients
     with more than ``i`` steps. The clients whose batch has the common (full) shape run in one call; a client with
-    another batch shape at that step (a short last batch) runs in its own. The full-shape call covers every client
+    another batch shape at that step (a short last batch) joins that call padded with weight-0 samples where the
+    loss allows it (:func:`pads_short_batches`), else runs in its own. The full-shape call covers every client
     of the stack, the others masked (their loss counts zero and their BatchNorm statistics are put back), when
     ``pad`` is true (default: on a GPU, or when at least three quarters of the clients take a full batch); else it
     selects the full-batch clients. ``on_step(n)`` is told how many client steps each stacked step took.
@@ -381,6 +418,8 @@ def train_stacked(
     wrapper = _ClientLoss(module)
     plain_loss = _local_loss(module, wrapper, template)
     loss_fn = vmap(plain_loss, randomness="error")
+    weighted_fn = vmap(_sample_weighted(plain_loss), randomness="error") if pads_short_batches(module) else None
+    pad_index: dict[tuple[int, int], Tensor] = {}  # (n, B) -> the positions that fill n samples up to B
     gradient_fn = (
         vmap(_local_gradient(module, template), randomness="error")
         if _overrides(module, "local_gradient", FederatedHooks)
@@ -401,18 +440,40 @@ def train_stacked(
         for j in active:
             if j not in full:
                 short.setdefault(tuple(batches[j][0].shape), []).append(j)
+        sample_w: dict[int, Tensor] | None = None
+        if weighted_fn is not None and short and len(active) > 1 and all(s[1:] == full_shape[1:] for s in short):
+            # Short batches padded to the full one (their own samples repeated, weight 0): one call for the step.
+            b_full = full_shape[0]
+            ones = torch.ones(b_full, device=device)
+            sample_w = {j: ones for j in full}
+            for j in (j for members in short.values() for j in members):
+                xj, yj = batches[j]
+                n = len(yj)
+                if (n, b_full) not in pad_index:
+                    pad_index[(n, b_full)] = torch.arange(b_full, device=device) % n
+                fill = pad_index[(n, b_full)]
+                batches[j] = (xj[fill], yj[fill])
+                sample_w[j] = (torch.arange(b_full, device=device) < n).to(ones.dtype)
+            full, short = list(active), {}
         padded = pad if pad is not None else device.type == "cuda" or 4 * len(full) >= 3 * k
         stack = [params[n] for n in names]
         grads: list[Tensor] | None = None
         reached = [False] * len(names)  # a parameter no loss reaches is not stepped (torch.optim.SGD skips it)
         calls = [(full, padded)] + [(members, False) for members in short.values()]
         for members, whole in calls:
+            weighted = sample_w is not None and members is full
             if whole or len(members) == k:  # every client of the stack in one call, those not in it masked
                 filler = batches[members[0]]
                 x = torch.stack([batches[j][0] if j in members else filler[0] for j in range(k)])
                 y = torch.stack([batches[j][1] if j in members else filler[1] for j in range(k)])
                 saved = [b.clone() for b in buffers.values()] if len(members) < k and buffers else None
-                losses = loss_fn(params, buffers, attr_stack, x, y)
+                if weighted:
+                    assert sample_w is not None and weighted_fn is not None
+                    zeros = torch.zeros_like(sample_w[members[0]])
+                    w = torch.stack([sample_w[j] if j in members else zeros for j in range(k)])
+                    losses = weighted_fn(params, buffers, attr_stack, x, y, w)
+                else:
+                    losses = loss_fn(params, buffers, attr_stack, x, y)
                 keep = None
                 if len(members) < k:  # where, not a product: a masked client's non-finite loss must not leak
                     keep = _on(device, [j in members for j in range(k)])
@@ -449,7 +510,13 @@ def train_stacked(
             sub_buffers = {n: b.index_select(0, idx) for n, b in buffers.items()}
             x = torch.stack([batches[j][0] for j in members])
             y = torch.stack([batches[j][1] for j in members])
-            losses = loss_fn(leaves, sub_buffers, [a.index_select(0, idx.to(a.device)) for a in attr_stack], x, y)
+            sub_attrs = [a.index_select(0, idx.to(a.device)) for a in attr_stack]
+            if weighted:
+                assert sample_w is not None and weighted_fn is not None
+                w = torch.stack([sample_w[j] for j in members])
+                losses = weighted_fn(leaves, sub_buffers, sub_attrs, x, y, w)
+            else:
+                losses = loss_fn(leaves, sub_buffers, sub_attrs, x, y)
             found = torch.autograd.grad(losses.sum(), list(leaves.values()), allow_unused=True)
             reached = [r or g is not None for r, g in zip(reached, found, strict=True)]
             with torch.no_grad():

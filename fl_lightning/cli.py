@@ -257,6 +257,8 @@ COMMANDS = {
     "compare": "Run methods x seeds x settings from a YAML (each an ordinary fit) and write the papers' tables and "
     "plots.",
     "configs": "List the configs that ship with fl_lightning, print one, or copy them into a folder to edit.",
+    "claims": "Write the papers' claims beside fl_lightning's results (results/claims/claims.md) and refresh README's "
+    "generated tables.",
 }
 
 
@@ -303,6 +305,15 @@ def main(argv: list[str] | None = None) -> None:
         try:
             sys.exit(shipped_configs.main(args[1:]))
         except FileNotFoundError as err:
+            if debug:
+                raise
+            sys.exit(_error(one_line(err), EXIT_CODES["bad input"]))
+    if args[0] == "claims":
+        from fl_lightning import claims
+
+        try:
+            sys.exit(claims.main(args[1:]))
+        except (ValueError, FileNotFoundError) as err:
             if debug:
                 raise
             sys.exit(_error(one_line(err), EXIT_CODES["bad input"]))

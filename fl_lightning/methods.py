@@ -31,6 +31,7 @@ class KD(FedAvg):
     """
 
     method_name = "kd"
+    sample_mean_loss = True
     uses_teacher = True
 
     def __init__(self, beta: float = 0.3, tau: float = 1.0, **kwargs: Any) -> None:
@@ -55,6 +56,7 @@ class FedNTD(FedAvg):
     """
 
     method_name = "fedntd"
+    sample_mean_loss = True
     uses_teacher = True
 
     def __init__(self, beta: float = 1.0, tau: float = 1.0, **kwargs: Any) -> None:
@@ -85,6 +87,7 @@ class FedLMD(FedAvg):
     """
 
     method_name = "fedlmd"
+    sample_mean_loss = True
     uses_teacher = True
     client_attributes = ("majority", "_use_teacher")
 
@@ -157,6 +160,7 @@ class FedSSD(FedAvg):
     """
 
     method_name = "fedssd"
+    sample_mean_loss = True
     uses_teacher = True
     client_attributes = ("credibility",)
 
@@ -215,6 +219,7 @@ class FedCAD(FedAvg):
     """
 
     method_name = "fedcad"
+    sample_mean_loss = True
     uses_teacher = True
     client_attributes = ("alpha",)
 
@@ -261,6 +266,8 @@ class FedKA(FedAvg):
     """
 
     method_name = "fedka"
+    # L_KA does not depend on the batch, but a padded short batch would repeat the anchors' forward per sample.
+    sample_mean_loss = False
     uses_teacher = True
     holdout_per_class_required = 1
     client_attributes = ("dominant", "anchor_x", "anchor_zg")
@@ -323,6 +330,7 @@ class FedProx(FedAvg):
     """
 
     method_name = "fedprox"
+    sample_mean_loss = True
     needs_exact_steps = True
     client_attributes = ("_global_params",)
 
@@ -352,6 +360,7 @@ class FedRS(FedAvg):
     """
 
     method_name = "fedrs"
+    sample_mean_loss = True
     client_attributes = ("present",)
 
     def __init__(self, alpha: float = 0.5, **kwargs: Any) -> None:
@@ -519,6 +528,7 @@ class FedDyn(FedAvg):
     """
 
     method_name = "feddyn"
+    sample_mean_loss = True
     needs_exact_steps = True
     client_attributes = ("_global_params", "_h_k")
     upload_reduce: ClassVar[Mapping[str, str]] = {"delta_h": "sum"}
@@ -593,6 +603,7 @@ class MOON(FedAvg):
     """
 
     method_name = "moon"
+    sample_mean_loss = True
     client_attributes = ("_prev_weights",)
 
     def __init__(self, mu: float = 1.0, tau: float = 0.5, proj_dim: int = 256, **kwargs: Any) -> None:
@@ -671,6 +682,7 @@ class FedCurv(FedAvg):
     """
 
     method_name = "fedcurv"
+    sample_mean_loss = True
     needs_exact_steps = True
     client_attributes = ("_sums",)
     upload_reduce: ClassVar[Mapping[str, str]] = {"fisher": "sum", "fisher_w": "sum", "fisher_w2": "sum"}

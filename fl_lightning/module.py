@@ -70,6 +70,12 @@ class FederatedHooks:
     client_attributes: ClassVar[tuple[str, ...]] = ()
     #: Whether the batched engine (``--federation.engine batched``) may train this method's clients together.
     batchable: ClassVar[bool] = True
+    #: Whether ``client_loss`` is a mean over the batch's samples of per-sample terms, plus terms that do not depend on
+    #: the batch (a proximal term, say). The batched engine then pads a client's short last batch to the full batch
+    #: size with weight-0 samples and trains it in its step's one stacked call. Read from the class that defines
+    #: ``client_loss`` only: a subclass that overrides ``client_loss`` declares it again (a loss that couples samples,
+    #: such as a contrastive loss over the batch, must not).
+    sample_mean_loss: ClassVar[bool] = False
 
     @property
     def holdout_per_class_required(self) -> int:
@@ -206,6 +212,8 @@ class FedAvg(FederatedHooks, L.LightningModule):
     from the datamodule's ``seed``, so a plain-Python run is reproducible without ``seed_everything``. A network
     passed as a module is initialised by whoever built it.
     """
+
+    sample_mean_loss = True
 
     def __init__(
         self,

@@ -25,8 +25,9 @@ import torch.nn.functional as F
 from helpers import bare_trainer, read_metrics, read_summary, tiny_run
 from torch import Tensor, nn
 
+import fl_lightning.batched as batched_engine
 from fl_lightning import FedAdam, FedAvg, FederatedDataModule, Federation
-from fl_lightning.batched import SGDSettings, StackedClient, auto_engine, train_stacked
+from fl_lightning.batched import SGDSettings, StackedClient, auto_engine, pads_short_batches, train_stacked
 from fl_lightning.methods import METHODS, SCAFFOLD
 
 #: Methods whose second round reads per-client state left by the first (run for 2 rounds).
@@ -587,6 +588,65 @@ def test_train_stacked_batchnorm_matches_per_client_loops(pad: bool) -> None:
         state = result.client_state(k, template)
         expected = {f"net.{name}": value for name, value in local.state_dict().items()}
         assert_trees_close({name: state[name] for name in expected}, expected, 1e-10, f"client {k}")
+
+
+class OwnLoss(FedAvg):
+    """A loss of its own, not declared a mean over samples."""
+
+    def client_loss(self, x: Tensor, y: Tensor) -> Tensor:
+        return F.cross_entropy(self(x), y, reduction="sum") / 4
+
+
+def test_which_losses_pad_short_batches() -> None:
+    lenet = {"net": "lenet", "num_classes": 10, "in_channels": 1, "image_size": 8}
+    for name in ("fedavg", "fedntd", "fedlmd", "fedprox", "moon", "scaffold", "fednova", "fedcurv"):
+        assert pads_short_batches(METHODS[name](**lenet)), name
+    assert not pads_short_batches(METHODS["fedka"](**lenet))  # would repeat the anchors' forward per sample
+    assert not pads_short_batches(OwnLoss(**lenet))  # overrides client_loss without declaring it
+    resnet = {**lenet, "net": "resnet8", "image_size": 8}
+    assert not pads_short_batches(FedAvg(**resnet))  # BatchNorm mixes a batch's samples
+
+
+@pytest.mark.parametrize("pad", [False, True], ids=["select", "pad"])
+def test_short_batches_padded_into_the_steps_call(pad: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Full, short and finished clients: one stacked call per step, each client's SGD on its own samples only."""
+    calls: list[int] = []
+    weighted = batched_engine._sample_weighted
+
+    def counted(loss: Any) -> Any:
+        inner = weighted(loss)
+
+        def call(*args: Any) -> Tensor:
+            calls.append(1)
+            return inner(*args)
+
+        return call
+
+    monkeypatch.setattr(batched_engine, "_sample_weighted", counted)
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Flatten(), nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 3)).double()
+    module = FedAvg(net=net, num_classes=3)
+    # step 1: two full, one short (3), one short (1); step 2: one full, one short (2); step 3: one client
+    sizes = [[4, 4, 4, 2], [4, 3], [4, 1], [4, 4, 2]]
+    data = [[(torch.randn(n, 1, 4, 4, dtype=torch.float64), torch.randint(0, 3, (n,))) for n in c] for c in sizes]
+    clients = [StackedClient(batches=iter(batches), steps=len(batches)) for batches in data]
+    sgd = SGDSettings(lr=0.1, momentum=0.9, weight_decay=1e-3)
+    result = train_stacked(module, clients, sgd, pad=pad)
+
+    assert len(calls) == 2  # steps 1 and 2; step 0 has no short batch, step 3 one client
+    for k, batches in enumerate(data):
+        local = copy.deepcopy(module.net)
+        opt = torch.optim.SGD(local.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
+        losses = []
+        for x, y in batches:
+            loss = F.cross_entropy(local(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        for name, value in local.state_dict().items():
+            torch.testing.assert_close(result.params[f"net.{name}"][k], value, atol=1e-12, rtol=0)
+        assert result.losses[k] == pytest.approx(sum(losses) / len(losses), abs=1e-12)
 
 
 def test_bf16_autocast_trains_batched(tmp_path: Path) -> None:

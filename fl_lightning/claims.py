@@ -1,0 +1,327 @@
+"""The seed papers' headline claims beside fl_lightning's closest results, with a verdict per claim.
+
+The claims live in a YAML (``results/claims/paper_claims.yaml``): per claim the paper's FedAvg and method numbers, the
+setting, and, where fl_lightning has run its closest setting, a ``measure`` block naming the comparison that holds
+it::
+
+    measure:
+      table: fmnist_ntd_3seeds      # results/<table>/report/per_seed.csv (written by `cli.py compare`)
+      setting: shard2
+      method: fedntd
+      metric: final_acc             # final_acc | best_acc | last10_acc | speedup_final_target | speedup_best_target
+
+The verdict compares the paper's gain of the method over FedAvg (accuracy points, or speedup − 1) with fl_lightning's
+gain, paired by seed (:data:`VERDICT_RULES`). Each verdict is given over all completed seeds and over seed 0 alone,
+so that a table shows which verdicts a single seed would have got wrong.
+
+``python cli.py claims`` writes ``claims.md`` and ``claims.csv`` next to the YAML and refreshes README's generated
+sections (:mod:`fl_lightning.includes`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fl_lightning.files import write_text_atomic
+from fl_lightning.report import mean_std
+
+#: What a verdict means, in the order they are checked.
+VERDICT_RULES: dict[str, str] = {
+    "not run": "no completed run of the method paired with FedAvg in the named comparison",
+    "diverged": "every run of the method diverged",
+    "reproduced": "the method beats FedAvg on every paired seed, by at least half the paper's gain on average",
+    "direction only": "the mean paired gain has the paper's sign but not the rest of 'reproduced'",
+    "not reproduced": "the mean paired gain is zero or opposite to the paper's",
+}
+#: Metrics a claim can be measured by: per_seed.csv's value column, its paired column, and how a gain is read.
+METRICS: dict[str, tuple[str, str, str]] = {
+    "final_acc": ("final_acc", "delta_final_acc", "points"),
+    "best_acc": ("best_acc", "delta_best_acc", "points"),
+    "last10_acc": ("last10_acc", "delta_last10_acc", "points"),
+    "speedup_final_target": ("speedup_final_target", "speedup_final_target", "speedup"),
+    "speedup_best_target": ("speedup_best_target", "speedup_best_target", "speedup"),
+}
+CLAIMS_COLUMNS = (
+    "id",
+    "paper",
+    "dataset",
+    "metric",
+    "paper_fedavg",
+    "paper_method",
+    "paper_gain",
+    "fl_table",
+    "fl_setting",
+    "fl_method",
+    "fl_metric",
+    "seeds",
+    "fl_fedavg",
+    "fl_method_value",
+    "fl_gain_mean",
+    "fl_gain_std",
+    "wins",
+    "verdict",
+    "verdict_seed0",
+    "diverged",
+    "reason",
+)
+
+
+def load_claims(path: Path) -> list[dict[str, Any]]:
+    """The claims of a claims YAML, each checked for the fields the table needs."""
+    data = yaml.safe_load(Path(path).read_text())
+    claims = data.get("claims") if isinstance(data, dict) else None
+    if not isinstance(claims, list):
+        raise ValueError(f"{path}: expected a mapping with a 'claims' list")
+    for claim in claims:
+        missing = [k for k in ("id", "paper", "dataset", "metric", "method") if k not in claim]
+        if missing:
+            raise ValueError(f"{path}: claim {claim.get('id', '?')} lacks {', '.join(missing)}")
+        measure = claim.get("measure")
+        if measure is not None:
+            lacking = [k for k in ("table", "setting", "method", "metric") if k not in measure]
+            if lacking:
+                raise ValueError(f"{path}: claim {claim['id']}'s measure lacks {', '.join(lacking)}")
+            if measure["metric"] not in METRICS:
+                metric, choices = measure["metric"], ", ".join(METRICS)
+                raise ValueError(f"{path}: claim {claim['id']}: unknown metric {metric!r}; choose from {choices}")
+    return claims
+
+
+def paper_gain(claim: dict[str, Any], kind: str) -> float | None:
+    """The paper's gain of the method over FedAvg: accuracy points, or for rounds (T) the speedup − 1."""
+    base, value = claim.get("fedavg"), claim.get("method_value")
+    if not isinstance(base, int | float) or not isinstance(value, int | float):
+        return None
+    if kind == "speedup":  # the paper gives rounds T to FedAvg's accuracy: FedAvg's T / the method's T
+        return base / value - 1.0 if value > 0 else None
+    return float(value) - float(base)
+
+
+def _float(cell: str) -> float | None:
+    try:
+        value = float(cell)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def read_per_seed(results_dir: Path, table: str) -> list[dict[str, str]]:
+    """The rows of ``results/<table>/report/per_seed.csv`` (empty when that comparison has no report)."""
+    path = Path(results_dir) / table / "report" / "per_seed.csv"
+    if not path.is_file():
+        return []
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def measured(rows: Sequence[dict[str, str]], measure: dict[str, Any], seeds: Sequence[int] | None = None) -> dict:
+    """fl_lightning's side of a claim from a comparison's per-seed rows.
+
+    Per paired seed (the method's run and FedAvg's both completed): the method's value, FedAvg's, and the gain
+    (points for accuracies, speedup − 1 for speedups). ``seeds`` restricts the seeds used.
+    """
+    value_col, gain_col, kind = METRICS[measure["metric"]]
+    baseline = measure.get("baseline", "fedavg")
+    pick = [r for r in rows if r["setting"] == measure["setting"] and (seeds is None or int(r["seed"]) in seeds)]
+    mine = {int(r["seed"]): r for r in pick if r["method"] == measure["method"]}
+    base = {int(r["seed"]): r for r in pick if r["method"] == baseline and r["status"] == "completed"}
+    out: dict[str, Any] = {"kind": kind, "seeds": [], "values": [], "base": [], "gains": [], "missing_target": 0}
+    out["runs"] = len(mine)
+    out["diverged"] = sum(1 for r in mine.values() if r["status"] == "diverged")
+    for seed in sorted(mine):
+        run = mine[seed]
+        if run["status"] != "completed" or seed not in base or run.get("paired") == "False":
+            continue
+        value, base_value = _float(run[value_col]), _float(base[seed][value_col])
+        if kind == "speedup":
+            gain = _float(run[gain_col])
+            if gain is None:  # one of the two never reached the target: no speedup to average
+                out["missing_target"] += 1
+                continue
+            gain -= 1.0
+        else:
+            delta = _float(run[gain_col])
+            gain = None if delta is None else 100.0 * delta
+            value = None if value is None else 100.0 * value
+            base_value = None if base_value is None else 100.0 * base_value
+        if gain is None:
+            continue
+        out["seeds"].append(seed)
+        out["values"].append(value)
+        out["base"].append(base_value)
+        out["gains"].append(gain)
+    return out
+
+
+def verdict(paper: float | None, fl: dict[str, Any]) -> str:
+    """One of :data:`VERDICT_RULES` for the paper's gain ``paper`` and :func:`measured`'s ``fl``."""
+    gains = fl["gains"]
+    if not gains:
+        return "diverged" if fl["runs"] and fl["diverged"] == fl["runs"] else "not run"
+    sign = -1.0 if paper is not None and paper < 0 else 1.0
+    mean = sum(gains) / len(gains)
+    if sign * mean <= 0:
+        return "not reproduced"
+    # every run of the method completed, paired and won (a speedup needs the target reached)
+    all_seeds = all(sign * g > 0 for g in gains) and len(gains) == fl["runs"]
+    if all_seeds and (paper is None or sign * mean >= 0.5 * abs(paper)):
+        return "reproduced"
+    return "direction only"
+
+
+def claim_row(claim: dict[str, Any], results_dir: Path) -> dict[str, Any]:
+    """One row of the claims table (:data:`CLAIMS_COLUMNS`)."""
+    measure = claim.get("measure")
+    row: dict[str, Any] = {c: "" for c in CLAIMS_COLUMNS}
+    row.update(
+        id=claim["id"],
+        paper=claim["paper"],
+        dataset=claim["dataset"],
+        metric=claim["metric"],
+        paper_fedavg="" if claim.get("fedavg") is None else claim["fedavg"],
+        paper_method=" ".join(str(v) for v in (claim["method"], claim.get("method_value")) if v is not None),
+        reason=claim.get("investigation", ""),
+    )
+    if measure is None:
+        row["verdict"] = row["verdict_seed0"] = "not run"
+        row["reason"] = row["reason"] or claim.get("not_run", "")
+        return row
+    kind = METRICS[measure["metric"]][2]
+    gain = paper_gain(claim, "speedup" if kind == "speedup" and claim.get("paper_metric") == "rounds" else "points")
+    if kind == "speedup" and claim.get("paper_metric") != "rounds":
+        gain = None  # an accuracy claim measured by speed: the paper's gain has no speedup to compare
+    rows = read_per_seed(results_dir, measure["table"])
+    fl, fl0 = measured(rows, measure), measured(rows, measure, seeds=[0])
+    row.update(
+        paper_gain="" if gain is None else round(gain, 2),
+        fl_table=measure["table"],
+        fl_setting=measure["setting"],
+        fl_method=measure["method"],
+        fl_metric=measure["metric"],
+        seeds=" ".join(map(str, fl["seeds"])),
+        verdict=verdict(gain, fl),
+        verdict_seed0=verdict(gain, fl0),
+        diverged=f"{fl['diverged']}/{fl['runs']}" if fl["diverged"] else "",
+    )
+    if row["verdict"] == "not run" and not row["reason"]:
+        row["reason"] = (
+            f"not run yet: `python cli.py compare --config configs/compare/{measure['table']}.yaml`, then copy its "
+            f"runs and report to results/{measure['table']}/"
+        )
+    if fl["gains"]:
+        mean, std = mean_std(fl["gains"])
+        row.update(fl_gain_mean=round(mean, 2), fl_gain_std=round(std, 2))
+        row["wins"] = f"{sum(1 for g in fl['gains'] if g > 0)}/{len(fl['gains'])}"
+        if kind == "points":
+            row["fl_fedavg"] = _pm([b for b in fl["base"] if b is not None])
+            row["fl_method_value"] = _pm([v for v in fl["values"] if v is not None])
+    return row
+
+
+def _pm(values: Sequence[float], digits: int = 2) -> str:
+    if not values:
+        return ""
+    mean, std = mean_std(values)
+    return f"{mean:.{digits}f}" if len(values) == 1 else f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def _gain_cell(row: dict[str, Any], kind: str) -> str:
+    if row["fl_gain_mean"] == "":
+        return "–"
+    unit = "x" if kind == "speedup" else ""
+    if kind == "speedup":
+        return f"{row['fl_gain_mean'] + 1:.2f}{unit} ± {row['fl_gain_std']:.2f} ({row['wins']})"
+    return f"{row['fl_gain_mean']:+.2f} ± {row['fl_gain_std']:.2f} ({row['wins']})"
+
+
+def claims_markdown(claims: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]]) -> str:
+    """The claims table in Markdown, with what its columns and verdicts mean."""
+    lines = [
+        "| claim | paper: FedAvg → method | gain | fl_lightning setting | FedAvg | method | gain (wins) | verdict "
+        "| seed 0 alone |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for claim, row in zip(claims, rows, strict=True):
+        measure = claim.get("measure") or {}
+        kind = METRICS[measure["metric"]][2] if measure else "points"
+        paper_gain_cell = (
+            ""
+            if row["paper_gain"] == ""
+            else (f"{row['paper_gain'] + 1:.2f}x" if kind == "speedup" else f"{row['paper_gain']:+.2f}")
+        )
+        setting = (
+            f"`{measure['table']}` {measure['setting']}, {measure['method']}, {measure['metric']}" if measure else "–"
+        )
+        verdict_cell = row["verdict"] + (f" (diverged {row['diverged']})" if row["diverged"] else "")
+        lines.append(
+            f"| {row['id']} ({claim['dataset']}) | {row['paper_fedavg'] or '–'} → {row['paper_method']} "
+            f"| {paper_gain_cell or '–'} "
+            f"| {setting} | {row['fl_fedavg'] or '–'} | {row['fl_method_value'] or '–'} | {_gain_cell(row, kind)} "
+            f"| {verdict_cell} | {row['verdict_seed0']} |"
+        )
+    rules = "; ".join(f"**{name}**: {text}" for name, text in VERDICT_RULES.items())
+    lines += [
+        "",
+        "Gain: method − FedAvg in accuracy points (paired by seed: same partition and sampling), or the speedup "
+        "in rounds to FedAvg's accuracy; fl_lightning's as mean ± std over the paired seeds, with the seeds the "
+        f"method wins. Verdicts: {rules}. The last column is the verdict seed 0 alone would give.",
+    ]
+    reasons = [(row["id"], row["reason"]) for row in rows if row["reason"] and row["verdict"] != "not run"]
+    reasons += [(row["id"], row["reason"]) for row in rows if row["reason"] and row["verdict"] == "not run"]
+    if reasons:
+        lines += ["", "Why, where a claim is not reproduced or not run:", ""]
+        lines += [f"- **{cid}**: {' '.join(str(text).split())}" for cid, text in reasons]
+    return "\n".join(lines) + "\n"
+
+
+def write_claims(claims_yaml: Path, results_dir: Path, out_dir: Path | None = None) -> tuple[Path, Path]:
+    """``claims.md`` and ``claims.csv`` from the claims YAML and the comparisons' reports under ``results_dir``."""
+    claims = load_claims(claims_yaml)
+    rows = [claim_row(c, results_dir) for c in claims]
+    out = Path(out_dir) if out_dir is not None else Path(claims_yaml).parent
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out / "claims.md", claims_markdown(claims, rows))
+    buf = [list(CLAIMS_COLUMNS)] + [[row[c] for c in CLAIMS_COLUMNS] for row in rows]
+    text = io.StringIO()
+    csv.writer(text).writerows(buf)
+    write_text_atomic(out / "claims.csv", text.getvalue())
+    return out / "claims.md", out / "claims.csv"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``cli.py claims [--claims FILE] [--results DIR] [--readme FILE | --check]``."""
+    from fl_lightning import includes
+
+    parser = argparse.ArgumentParser(prog="cli.py claims", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--claims", default="results/claims/paper_claims.yaml", help="the claims YAML")
+    parser.add_argument("--results", default="results", help="the folder holding each comparison's report")
+    parser.add_argument("--readme", default="README.md", help="the Markdown file whose generated sections to refresh")
+    parser.add_argument(
+        "--check", action="store_true", help="write nothing: exit 1 if a generated README section is out of date"
+    )
+    args = parser.parse_args(argv)
+    claims_yaml = Path(args.claims)
+    if not claims_yaml.is_file():
+        raise FileNotFoundError(f"no claims file {claims_yaml}; pass --claims FILE")
+    if args.check:
+        stale = includes.stale_sections(Path(args.readme))
+        for name in stale:
+            print(f"[claims] {args.readme}: the section from {name} is out of date; run `python cli.py claims`")
+        return 1 if stale else 0
+    md, csv_path = write_claims(claims_yaml, Path(args.results))
+    print(f"[claims] {md} and {csv_path}")
+    changed = includes.refresh(Path(args.readme))
+    print(
+        f"[claims] {args.readme}: {len(changed)} generated section(s) refreshed"
+        if changed
+        else f"[claims] {args.readme}: generated sections up to date"
+    )
+    return 0

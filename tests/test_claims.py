@@ -1,0 +1,149 @@
+"""The claims table (papers' numbers beside fl_lightning's, with verdicts) and README's generated sections."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fl_lightning import claims, includes
+from fl_lightning.report import PER_SEED_COLUMNS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def write_per_seed(results: Path, table: str, runs: list[dict]) -> None:
+    """A comparison's report/per_seed.csv with the given runs (missing columns empty)."""
+    out = results / table / "report"
+    out.mkdir(parents=True)
+    with (out / "per_seed.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, PER_SEED_COLUMNS)
+        writer.writeheader()
+        for run in runs:
+            writer.writerow({c: run.get(c, "") for c in PER_SEED_COLUMNS})
+
+
+def run(method: str, seed: int, final: float, base_final: float, status: str = "completed", **extra: float) -> dict:
+    row = {"setting": "s", "method": method, "seed": seed, "status": status}
+    if status == "completed":
+        row.update(final_acc=final, delta_final_acc=round(final - base_final, 6), **extra)
+    return row
+
+
+def claim(cid: str, method: str, fedavg: float, value: float, **measure: str) -> dict:
+    out = {"id": cid, "paper": "p", "dataset": "MNIST", "metric": "acc", "method": method}
+    out.update(fedavg=fedavg, method_value=value)
+    if measure:
+        out["measure"] = {"table": "t", "setting": "s", "method": method.lower(), **measure}
+    return out
+
+
+@pytest.fixture
+def results(tmp_path: Path) -> Path:
+    base = [0.80, 0.75, 0.78]
+    runs = [run("fedavg", s, b, b, speedup_final_target=1.0) for s, b in enumerate(base)]
+    # wins every seed by 2-4 points; wins seed 0 only; loses on average; diverged on every seed
+    runs += [
+        run("good", s, b + d, b, speedup_final_target=sp)
+        for s, (b, d, sp) in enumerate(zip(base, [0.02, 0.03, 0.04], [1.5, 2.0, 2.5], strict=True))
+    ]
+    runs += [run("lucky", s, b + d, b) for s, (b, d) in enumerate(zip(base, [0.05, -0.01, -0.01], strict=True))]
+    runs += [run("mixed", s, b + d, b) for s, (b, d) in enumerate(zip(base, [0.01, 0.01, -0.005], strict=True))]
+    runs += [run("bad", s, 0.0, 0.0, status="diverged") for s in range(3)]
+    write_per_seed(tmp_path, "t", runs)
+    return tmp_path
+
+
+def test_verdicts_pair_seeds_and_compare_with_the_papers_gain(results: Path) -> None:
+    rows = {
+        c["id"]: claims.claim_row(c, results)
+        for c in [
+            claim("good", "Good", 80.0, 83.0, metric="final_acc"),
+            claim("good-small", "Good", 80.0, 90.0, metric="final_acc"),  # paper +10: 3 points is under half
+            claim("lucky", "Lucky", 80.0, 82.0, metric="final_acc"),
+            claim("mixed", "Mixed", 80.0, 81.0, metric="final_acc"),
+            claim("bad", "Bad", 80.0, 82.0, metric="final_acc"),
+            claim("pending", "Other", 80.0, 82.0, metric="final_acc"),
+            claim("unmeasured", "Good", 80.0, 82.0),
+        ]
+    }
+    good = rows["good"]
+    assert good["verdict"] == "reproduced" and good["wins"] == "3/3" and good["seeds"] == "0 1 2"
+    assert good["fl_gain_mean"] == pytest.approx(3.0) and good["fl_gain_std"] == pytest.approx(1.0)
+    assert good["fl_fedavg"] == "77.67 ± 2.52" and good["paper_gain"] == pytest.approx(3.0)
+    assert rows["good-small"]["verdict"] == "direction only"
+    assert (rows["lucky"]["verdict"], rows["lucky"]["verdict_seed0"]) == ("direction only", "reproduced")
+    assert rows["lucky"]["wins"] == "1/3"
+    assert rows["mixed"]["verdict"] == "direction only"
+    assert rows["bad"]["verdict"] == "diverged" and rows["bad"]["diverged"] == "3/3"
+    assert rows["pending"]["verdict"] == "not run"
+    assert "compare --config configs/compare/t.yaml" in rows["pending"]["reason"]
+    assert rows["unmeasured"]["verdict"] == "not run"
+
+
+def test_a_loss_against_fedavg_is_not_reproduced(tmp_path: Path) -> None:
+    base = [0.80, 0.81]
+    runs = [run("fedavg", s, b, b) for s, b in enumerate(base)]
+    runs += [run("worse", s, b - 0.02, b) for s, b in enumerate(base)]
+    write_per_seed(tmp_path, "t", runs)
+    row = claims.claim_row(claim("w", "Worse", 80.0, 85.0, metric="final_acc"), tmp_path)
+    assert row["verdict"] == "not reproduced" and row["wins"] == "0/2"
+    assert row["fl_gain_mean"] == pytest.approx(-2.0)
+
+
+def test_rounds_claims_compare_speedups(results: Path) -> None:
+    paper = {**claim("r", "Good", 100, 40, metric="speedup_final_target"), "paper_metric": "rounds"}
+    row = claims.claim_row(paper, results)
+    assert row["paper_gain"] == pytest.approx(1.5)  # 100 / 40 = 2.5x
+    assert row["fl_gain_mean"] == pytest.approx(1.0)  # 1.5x, 2x, 2.5x: 2x on average, at least half of 1.5
+    assert row["verdict"] == "reproduced"
+
+
+def test_write_claims_and_readme_sections(results: Path, tmp_path: Path) -> None:
+    path = tmp_path / "claims.yaml"
+    path.write_text(yaml.safe_dump({"claims": [claim("good", "Good", 80.0, 83.0, metric="final_acc")]}))
+    md, csv_path = claims.write_claims(path, results)
+    assert "| good (MNIST) | 80.0 → Good 83.0 | +3.00 |" in md.read_text()
+    assert next(csv.DictReader(csv_path.open()))["verdict"] == "reproduced"
+
+    readme = tmp_path / "README.md"
+    marker = "<!-- generated from claims.md: `python cli.py claims` refreshes it -->"
+    readme.write_text(f"# Title\n\ntext\n\n{marker}\nold numbers\n<!-- end generated -->\n\nafter\n")
+    assert includes.stale_sections(readme) == ["claims.md"]
+    assert includes.refresh(readme) == ["claims.md"]
+    text = readme.read_text()
+    assert "old numbers" not in text and "| good (MNIST) |" in text
+    assert text.endswith("<!-- end generated -->\n\nafter\n")
+    assert includes.stale_sections(readme) == [] and includes.refresh(readme) == []
+
+    (tmp_path / "report.md").write_text("# A report\n\n## Part\n\nbody\n")
+    readme.write_text("<!-- generated from report.md: x -->\n<!-- end generated -->\n")
+    includes.refresh(readme)
+    assert "#### A report\n\n##### Part\n\nbody\n" in readme.read_text()  # headings below README's own
+
+    readme.write_text("<!-- generated from missing.md: x -->\n<!-- end generated -->\n")
+    with pytest.raises(FileNotFoundError, match="missing.md"):
+        includes.refresh(readme)
+
+
+def test_bad_claims_files_fail_with_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "claims.yaml"
+    path.write_text(yaml.safe_dump({"claims": [claim("x", "X", 1.0, 2.0, metric="accuracy")]}))
+    with pytest.raises(ValueError, match="unknown metric 'accuracy'"):
+        claims.load_claims(path)
+    path.write_text(yaml.safe_dump({"claims": [{"id": "y", "paper": "p"}]}))
+    with pytest.raises(ValueError, match="claim y lacks dataset, metric, method"):
+        claims.load_claims(path)
+    with pytest.raises(FileNotFoundError, match="no claims file"):
+        claims.main(["--claims", str(tmp_path / "none.yaml")])
+
+
+def test_shipped_claims_table_and_readme_are_the_files_numbers(tmp_path: Path) -> None:
+    """results/claims/claims.md is what the claims YAML and results/ give, and README shows it and the reports."""
+    md, _ = claims.write_claims(ROOT / "results/claims/paper_claims.yaml", ROOT / "results", tmp_path)
+    assert md.read_text() == (ROOT / "results/claims/claims.md").read_text(), "run `python cli.py claims`"
+    assert includes.stale_sections(ROOT / "README.md") == [], "run `python cli.py claims`"
+    args = ["--check", "--claims", str(ROOT / "results/claims/paper_claims.yaml"), "--readme", str(ROOT / "README.md")]
+    assert claims.main(args) == 0
