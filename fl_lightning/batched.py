@@ -855,8 +855,8 @@ def auto_engine(device: torch.device, batch_values: int) -> tuple[str, str]:
     ``batch_values``: the input values of one local batch (batch size × values per sample). On a GPU a small network's
     step is bound by kernel launches, which stacking divides by the group size: batched. On a CPU the arithmetic
     decides: small inputs train faster batched (the 8×8 quickstart, 2,048 values a batch: 1.67×; the tabular MLP,
-    480: 1.10×), the papers' 28×28 and 32×32 images no faster or slower (39,200 values: 0.98×; 153,600: 0.56×; figures of
-    ``bench/bench_engines.py`` in the README), where ``vmap``'s grouped convolutions are compute-bound.
+    480: 1.10×), the papers' 28×28 and 32×32 images no faster or slower (39,200 values: 0.98×; 153,600: 0.56×;
+    figures of ``bench/bench_engines.py`` in the README), where ``vmap``'s grouped convolutions are compute-bound.
     """
     if device.type == "cuda":
         return "batched", "on a GPU, stacking clients divides the kernel launches of each local step"
