@@ -419,7 +419,7 @@ def train_stacked(
     plain_loss = _local_loss(module, wrapper, template)
     loss_fn = vmap(plain_loss, randomness="error")
     weighted_fn = vmap(_sample_weighted(plain_loss), randomness="error") if pads_short_batches(module) else None
-    pad_index: dict[tuple[int, int], Tensor] = {}  # (n, B) -> the positions that fill n samples up to B
+    pad_index: dict[tuple[int, int], tuple[Tensor, Tensor]] = {}  # (n, B) -> positions filling n samples to B, weights
     gradient_fn = (
         vmap(_local_gradient(module, template), randomness="error")
         if _overrides(module, "local_gradient", FederatedHooks)
@@ -450,10 +450,10 @@ def train_stacked(
                 xj, yj = batches[j]
                 n = len(yj)
                 if (n, b_full) not in pad_index:
-                    pad_index[(n, b_full)] = torch.arange(b_full, device=device) % n
-                fill = pad_index[(n, b_full)]
+                    at = torch.arange(b_full, device=device)
+                    pad_index[(n, b_full)] = (at % n, (at < n).to(ones.dtype))
+                fill, sample_w[j] = pad_index[(n, b_full)]
                 batches[j] = (xj[fill], yj[fill])
-                sample_w[j] = (torch.arange(b_full, device=device) < n).to(ones.dtype)
             full, short = list(active), {}
         padded = pad if pad is not None else device.type == "cuda" or 4 * len(full) >= 3 * k
         stack = [params[n] for n in names]
