@@ -16,6 +16,7 @@ The YAML::
     baseline: fedavg                        # the method others are compared with (default: the first)
     smooth: 0                               # > 0: also plot curves as a moving average over this many rounds
     wandb: false                            # log every fit to W&B (offline)
+    notes: ["why a run diverged, ..."]      # lines written under the report's tables (optional)
 
 A finished run is reused, and an interrupted one resumed, only when its saved ``config.yaml`` matches what the YAML
 asks for now; otherwise it is run again with ``--overwrite`` (the old run is moved to ``<dir>.replaced-<time>``).
@@ -51,7 +52,19 @@ from fl_lightning.rundir import (
     science_diff,
 )
 
-_KEYS = {"name", "output_dir", "methods", "seeds", "settings", "overrides", "jobs", "baseline", "wandb", "smooth"}
+_KEYS = {
+    "name",
+    "output_dir",
+    "methods",
+    "seeds",
+    "settings",
+    "overrides",
+    "jobs",
+    "baseline",
+    "wandb",
+    "smooth",
+    "notes",
+}
 
 
 def _as_list(value: object, key: str, path: str | Path, allow_empty: bool = False) -> list:
@@ -85,6 +98,7 @@ class CompareSpec:
     baseline: str | None = None
     wandb: bool = False
     smooth: int = 0
+    notes: list[str] = field(default_factory=list)
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> CompareSpec:
@@ -109,6 +123,7 @@ class CompareSpec:
             baseline=raw.get("baseline"),
             wandb=bool(raw.get("wandb", False)),
             smooth=_as_int(raw.get("smooth", 0), path, "smooth"),
+            notes=[str(n) for n in _as_list(raw.get("notes") or [], "notes", path, allow_empty=True)],
         )
         spec.baseline = str(spec.baseline) if spec.baseline is not None else spec.methods[0]
         if spec.jobs < 1:
@@ -338,6 +353,7 @@ def run_comparison(spec: CompareSpec, dry_run: bool = False, report_only: bool =
         [(r.setting, r.method, r.seed, r.run_dir) for r in runs],
         spec.baseline,
         smooth=spec.smooth,
+        notes=spec.notes,
     )
     if spec.wandb and not dry_run:
         _log_report_to_wandb(spec, report_dir)

@@ -435,7 +435,15 @@ def run_info(trainer: L.Trainer, module: L.LightningModule, datamodule: Any, **f
         "seed": federation["seed"],
         "precision": str(trainer.precision),
         "world_size": trainer.world_size,
+        "device": device_label(trainer.strategy.root_device),
     }
+
+
+def device_label(device: torch.device) -> str:
+    """Where a run trains: ``cpu``, or ``cuda (<GPU name>)``."""
+    if device.type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(device)})"
+    return device.type
 
 
 @functools.lru_cache(maxsize=1)

@@ -227,12 +227,22 @@ def _group_row(setting: str, method: str, runs: list[dict[str, Any]], results: l
         "speedup": _mean_if_all_reached(final, "speedup"),
         "targets": targets,
         "deltas": {name: [r[f"delta_{name}"] for r in results if r[f"delta_{name}"] is not None] for name in DELTAS},
+        "ran_on": [ran_on(r["summary"]) for r in runs if r["summary"].get("status") != "missing"],
         "diverged_round": [_divergence_round(r) for r in diverged],
         "best_before_divergence": [
             max((x["global_acc"] for x in r["rows"] if math.isfinite(x["global_acc"])), default=math.nan)
             for r in diverged
         ],
     }
+
+
+def ran_on(summary: dict[str, Any]) -> str:
+    """Where a run trained, from its ``summary.json``: device, engine, precision and processes."""
+    device = summary.get("device", "device not recorded")
+    engine = summary.get("engine", "sequential")
+    procs = summary.get("world_size", 1)
+    where = f"{device}, {engine} engine, {summary.get('precision', '?')}"
+    return where if procs in (None, 1) else f"{where}, {procs} processes"
 
 
 def _finite(value: Any) -> bool:
@@ -379,8 +389,15 @@ def _header_lines(title: str, baseline: str, summary: list[dict[str, Any]]) -> l
     """The Markdown title and the lines saying what the table's numbers are."""
     targets = " and ".join(f"its {kind} accuracy ({paper})" for kind, (_key, paper) in TARGETS.items())
     seconds, count = total_wall(summary)
+    places: dict[str, int] = defaultdict(int)
+    for s in summary:
+        for place in s.get("ran_on", []):
+            places[place] += 1
+    where = "; ".join(f"{place} ({n} runs)" for place, n in sorted(places.items()))
     return [
         f"# {title}",
+        "",
+        f"Where the runs trained: {where or 'no runs yet'}.",
         "",
         "Mean ± std over seeds (completed runs only). Rounds to target: the first round a method's global accuracy "
         f"reaches the target, each run paired by seed with the {baseline} run of the same setting and seed (the seed "
@@ -394,8 +411,10 @@ def _header_lines(title: str, baseline: str, summary: list[dict[str, Any]]) -> l
     ]
 
 
-def write_tables(summary: list[dict[str, Any]], out_dir: Path, title: str, baseline: str) -> tuple[Path, Path]:
-    """``results.md`` (the main table, then the paired-by-seed table) and ``results.csv`` (the main table)."""
+def write_tables(
+    summary: list[dict[str, Any]], out_dir: Path, title: str, baseline: str, notes: Sequence[str] = ()
+) -> tuple[Path, Path]:
+    """``results.md`` (the main table, the paired-by-seed table, then ``notes``) and ``results.csv`` (the main one)."""
     header, rows = _table_rows(summary, baseline)
     md = _header_lines(title, baseline, summary) + _markdown_table(header, rows)
     paired_header, paired = _paired_rows(summary, baseline)
@@ -409,6 +428,8 @@ def write_tables(summary: list[dict[str, Any]], out_dir: Path, title: str, basel
             "",
             *_markdown_table(paired_header, paired),
         ]
+    if notes:
+        md += ["", "## Notes", "", *(f"- {' '.join(note.split())}" for note in notes)]
     # Whole files, under temporaries unique to this process: comparisons sharing an output folder never collide.
     write_text_atomic(out_dir / "results.md", "\n".join(md) + "\n")
     write_text_atomic(out_dir / "results.csv", _csv_text(header, rows))
@@ -536,16 +557,24 @@ def plot_class_heatmap(run_dir: Path, path: Path, title: str) -> Path | None:
     return path
 
 
-def write_report(name: str, output_dir: Path, runs: Sequence[RunRef], baseline: str, smooth: int = 0) -> Path:
+def write_report(
+    name: str,
+    output_dir: Path,
+    runs: Sequence[RunRef],
+    baseline: str,
+    smooth: int = 0,
+    notes: Sequence[str] = (),
+) -> Path:
     """Tables and plots of a comparison into ``output_dir/report``; ``smooth > 1`` adds moving-average curves.
 
-    Tables: ``results.md`` (mean ± std, then paired by seed), ``results.csv`` and ``per_seed.csv``.
+    Tables: ``results.md`` (mean ± std, then paired by seed, then the comparison's ``notes``), ``results.csv`` and
+    ``per_seed.csv``.
     """
     out = Path(output_dir) / "report"
     out.mkdir(parents=True, exist_ok=True)
     loaded = load_runs(runs)
     summary = summarize_loaded(loaded, baseline)
-    write_tables(summary, out, f"{name} (baseline: {baseline})", baseline)
+    write_tables(summary, out, f"{name} (baseline: {baseline})", baseline, notes)
     write_per_seed(per_seed_results(loaded, baseline), out)
     for setting in dict.fromkeys(s for s, *_ in runs):
         plot_curves(runs, setting, out / f"curves_{setting}.png")

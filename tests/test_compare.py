@@ -176,3 +176,14 @@ def test_compare_reruns_a_run_whose_config_changed(spec_file, capsys):
     aside = list(run.run_dir.parent.glob("seed0.replaced-*"))
     assert len(aside) == 1 and (aside[0] / "summary.json").read_bytes() == first
     assert "Restored" not in (run.run_dir / "stdout.log").read_text()
+
+
+def test_notes_are_read_as_lines(spec_file):
+    spec = yaml.safe_load(spec_file.read_text())
+    spec_file.write_text(yaml.safe_dump({**spec, "notes": "one line"}))
+    assert CompareSpec.from_yaml(spec_file).notes == ["one line"]
+    spec_file.write_text(yaml.safe_dump({**spec, "notes": ["a", "b"]}))
+    assert CompareSpec.from_yaml(spec_file).notes == ["a", "b"]
+    spec_file.write_text(yaml.safe_dump({**spec, "notes": {"a": 1}}))
+    with pytest.raises(ValueError, match="notes must be a list"):
+        CompareSpec.from_yaml(spec_file)

@@ -277,3 +277,18 @@ def test_unpaired_seed_when_the_baselines_run_is_missing(tmp_path):
         per_seed = {(r["method"], r["seed"]): r for r in csv.DictReader(f)}
     assert per_seed[("fedx", "1")]["final_acc"] == "0.7"
     assert per_seed[("fedx", "1")]["rounds_to_final_target"] == "" and per_seed[("fedx", "1")]["delta_final_acc"] == ""
+
+
+def test_report_says_where_runs_trained_and_adds_the_notes(comparison):
+    tmp_path, runs = comparison
+    summary_path = runs[0][3] / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    summary.update(device="cuda (NVIDIA H100)", engine="batched", precision="bf16-mixed")
+    summary_path.write_text(json.dumps(summary))
+    notes = ["broken diverged:   its loss   blows up", "a second note"]
+    md = (write_report("demo", tmp_path, runs, "fedavg", notes=notes) / "results.md").read_text()
+    where = md.splitlines()[2]
+    assert where.startswith("Where the runs trained: ")
+    assert "cuda (NVIDIA H100), batched engine, bf16-mixed (1 runs)" in where
+    assert "device not recorded, sequential engine, ? (4 runs)" in where  # summaries written before `device`
+    assert md.endswith("## Notes\n\n- broken diverged: its loss blows up\n- a second note\n")
