@@ -397,6 +397,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="print the fit commands instead of running them")
     parser.add_argument("--jobs", type=int, default=None, help="override the YAML's parallel runs")
     parser.add_argument(
+        "--output-dir",
+        default=None,
+        help="override the YAML's output_dir (e.g. with --report-only: the report of runs archived under results/)",
+    )
+    parser.add_argument(
         "--report-only",
         action="store_true",
         help="run nothing: write the tables and plots from the runs that exist (unfinished ones are marked)",
@@ -405,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
     spec = CompareSpec.from_yaml(shipped_configs.resolve_config_arg(args.config))
     if args.jobs:
         spec.jobs = args.jobs
+    if args.output_dir:
+        spec.output_dir = Path(args.output_dir)
     out = run_comparison(spec, dry_run=args.dry_run, report_only=args.report_only)
     print(f"[compare] report: {out / 'results.md'}")
     if args.dry_run or args.report_only:

@@ -332,7 +332,7 @@ def _table_rows(summary: list[dict[str, Any]], baseline: str) -> tuple[list[str]
     header += ["wall (s)", "status"]
     rows = []
     for s in summary:
-        if s["status"] == "diverged" or not s["completed"]:
+        if not s["completed"]:
             final, best_cell = s["status"], ""
             if s["status"] == "diverged":
                 best = [b for b in s["best_before_divergence"] if math.isfinite(b)]
@@ -351,7 +351,13 @@ def _table_rows(summary: list[dict[str, Any]], baseline: str) -> tuple[list[str]
         ]
         for kind in TARGETS:
             row += [fmt_rounds(s["targets"][kind]), fmt_speedup(s["targets"][kind])]
-        rows.append([*row, f"{np.mean(s['wall_seconds']):.0f}", s["status"]])
+        status = s["status"]
+        if status == "diverged":  # some seeds completed, the others diverged: the means are the completed seeds'
+            rounds = ", ".join(str(r) for r in s["diverged_round"])
+            status = f"{s['completed']}/{s['seeds']} completed; diverged in round {rounds}"
+            others = s["seeds"] - s["completed"] - len(s["diverged_round"])
+            status += f"; {others} not finished" if others else ""
+        rows.append([*row, f"{np.mean(s['wall_seconds']):.0f}", status])
     return header, rows
 
 
@@ -573,10 +579,17 @@ def write_report(
     out = Path(output_dir) / "report"
     out.mkdir(parents=True, exist_ok=True)
     loaded = load_runs(runs)
+    # A (setting, method) none of whose runs exists yet is left out of the tables, and counted in their header.
+    started = {(r["setting"], r["method"]) for r in loaded if r["summary"].get("status") != "missing"}
+    unstarted = [r for r in loaded if (r["setting"], r["method"]) not in started]
+    loaded = [r for r in loaded if (r["setting"], r["method"]) in started]
     summary = summarize_loaded(loaded, baseline)
+    if unstarted:
+        groups = ", ".join(dict.fromkeys(f"{r['setting']}/{r['method']}" for r in unstarted))
+        notes = [f"Not run yet ({len(unstarted)} of {len(runs)} runs, left out of the tables): {groups}.", *notes]
     write_tables(summary, out, f"{name} (baseline: {baseline})", baseline, notes)
     write_per_seed(per_seed_results(loaded, baseline), out)
-    for setting in dict.fromkeys(s for s, *_ in runs):
+    for setting in dict.fromkeys(s for s, method, *_ in runs if (s, method) in started):
         plot_curves(runs, setting, out / f"curves_{setting}.png")
         if smooth > 1:
             plot_curves(runs, setting, out / f"curves_{setting}_ma{smooth}.png", smooth=smooth)

@@ -195,7 +195,9 @@ def test_report_paired_tables(paired_comparison):
     assert "| 4.0 ± 1.0 | 1.00x ± 0.00 | 110 | completed |" in md
     assert "| s | fedx | 61.67 ± 10.41 | 65.00 ± 5.00 | 56.33 ± 7.37 |" in md
     assert "| 1.7 ± 0.6 | 2.33x ± 0.76 | – (2/3) | – (2/3) | 60 | completed |" in md
-    assert "| s | fedy | diverged in round 2 | 20.00 before |" in md  # a diverged run still marks the row
+    # the completed seed's figures, and the others' fate
+    assert "| s | fedy | 60.00 | 60.00 | 60.00 | 0.0100 | 1.0 | 3.00x | 1.0 | 4.00x | 30 |" in md
+    assert "| 1/3 completed; diverged in round 2; 1 not finished |" in md
     assert "Wall time of the comparison: 545 s (0.15 h), the sum of 8 runs' wall_seconds" in md
 
     paired = md[md.index("## Paired by seed against fedavg") :]
