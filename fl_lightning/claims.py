@@ -272,7 +272,8 @@ def claims_markdown(claims: Sequence[dict[str, Any]], rows: Sequence[dict[str, A
         "",
         "Gain: method − FedAvg in accuracy points (paired by seed: same partition and sampling), or the speedup "
         "in rounds to FedAvg's accuracy; fl_lightning's as mean ± std over the paired seeds, with the seeds the "
-        f"method wins. Verdicts: {rules}. The last column is the verdict seed 0 alone would give.",
+        f"method wins. Verdicts: {rules}. The last column is the verdict seed 0 alone would give. Each claim's "
+        "source, the paper's setting and every difference from fl_lightning's: `claims_settings.md`.",
     ]
     reasons = [(row["id"], row["reason"]) for row in rows if row["reason"] and row["verdict"] != "not run"]
     reasons += [(row["id"], row["reason"]) for row in rows if row["reason"] and row["verdict"] == "not run"]
@@ -282,13 +283,39 @@ def claims_markdown(claims: Sequence[dict[str, Any]], rows: Sequence[dict[str, A
     return "\n".join(lines) + "\n"
 
 
+def settings_markdown(claims: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]]) -> str:
+    """Each claim's source and setting in the paper, the fl_lightning setting measuring it and how they differ."""
+    lines = ["# The claims' settings and how fl_lightning's differ", ""]
+    for claim, row in zip(claims, rows, strict=True):
+        lines += [f"## {claim['id']}", "", f"- paper: {claim['paper']}, {claim.get('source', '')}".rstrip(", ")]
+        lines.append(f"- metric: {' '.join(str(claim['metric']).split())}")
+        setting = claim.get("setting") or {}
+        if setting:
+            lines.append(
+                "- paper's setting: " + "; ".join(f"{k} {' '.join(str(v).split())}" for k, v in setting.items())
+            )
+        measure = claim.get("measure")
+        if measure:
+            lines.append(
+                f"- fl_lightning: `configs/compare/{measure['table']}.yaml`, setting {measure['setting']}, "
+                f"{measure['method']} against fedavg, {measure['metric']}; verdict: {row['verdict']}"
+            )
+        else:
+            lines.append(f"- fl_lightning: not run ({' '.join(str(row['reason']).split())})")
+        for diff in claim.get("differences") or []:
+            lines.append(f"  - differs: {' '.join(str(diff).split())}")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def write_claims(claims_yaml: Path, results_dir: Path, out_dir: Path | None = None) -> tuple[Path, Path]:
-    """``claims.md`` and ``claims.csv`` from the claims YAML and the comparisons' reports under ``results_dir``."""
+    """``claims.md``, ``claims_settings.md`` and ``claims.csv`` from the claims YAML and the comparisons' reports."""
     claims = load_claims(claims_yaml)
     rows = [claim_row(c, results_dir) for c in claims]
     out = Path(out_dir) if out_dir is not None else Path(claims_yaml).parent
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "claims.md", claims_markdown(claims, rows))
+    write_text_atomic(out / "claims_settings.md", settings_markdown(claims, rows))
     buf = [list(CLAIMS_COLUMNS)] + [[row[c] for c in CLAIMS_COLUMNS] for row in rows]
     text = io.StringIO()
     csv.writer(text).writerows(buf)
