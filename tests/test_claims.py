@@ -144,6 +144,8 @@ def test_shipped_claims_table_and_readme_are_the_files_numbers(tmp_path: Path) -
     """results/claims/claims.md is what the claims YAML and results/ give, and README shows it and the reports."""
     md, _ = claims.write_claims(ROOT / "results/claims/paper_claims.yaml", ROOT / "results", tmp_path)
     assert md.read_text() == (ROOT / "results/claims/claims.md").read_text(), "run `python cli.py claims`"
+    settings = (tmp_path / "claims_settings.md").read_text()
+    assert settings == (ROOT / "results/claims/claims_settings.md").read_text(), "run `python cli.py claims`"
     assert includes.stale_sections(ROOT / "README.md") == [], "run `python cli.py claims`"
     args = ["--check", "--claims", str(ROOT / "results/claims/paper_claims.yaml"), "--readme", str(ROOT / "README.md")]
     assert claims.main(args) == 0
