@@ -351,7 +351,9 @@ def pads_short_batches(module: FedAvg) -> bool:
 
     It can when the loss is a mean over samples of per-sample terms, plus terms that do not depend on the batch
     (declared by the class that defines ``client_loss``: ``sample_mean_loss = True``; a subclass that overrides
-    ``client_loss`` must declare it again), and no layer mixes the samples of a batch (BatchNorm).
+    ``client_loss`` must declare it again), and the network has no BatchNorm layer (whose batch statistics mix the
+    samples). Other layers that mix a batch's samples are not detected: a network with one must not be used with a
+    loss declared ``sample_mean_loss``.
     """
     owner = next(c for c in type(module).__mro__ if "client_loss" in c.__dict__)
     if not owner.__dict__.get("sample_mean_loss", False):
@@ -444,7 +446,9 @@ def train_stacked(
         if weighted_fn is not None and short and len(active) > 1 and all(s[1:] == full_shape[1:] for s in short):
             # Short batches padded to the full one (their own samples repeated, weight 0): one call for the step.
             b_full = full_shape[0]
-            ones = torch.ones(b_full, device=device)
+            if (b_full, b_full) not in pad_index:
+                pad_index[(b_full, b_full)] = (torch.arange(b_full, device=device), torch.ones(b_full, device=device))
+            ones = pad_index[(b_full, b_full)][1]
             sample_w = {j: ones for j in full}
             for j in (j for members in short.values() for j in members):
                 xj, yj = batches[j]

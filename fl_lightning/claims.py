@@ -24,6 +24,7 @@ import argparse
 import csv
 import io
 import math
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -33,11 +34,14 @@ import yaml
 from fl_lightning.files import write_text_atomic
 from fl_lightning.report import mean_std
 
+#: The method every claim is measured against: ``per_seed.csv``'s deltas and speedups must be against it.
+BASELINE = "fedavg"
 #: What a verdict means, in the order they are checked.
 VERDICT_RULES: dict[str, str] = {
     "not run": "no completed run of the method paired with FedAvg in the named comparison",
     "diverged": "every run of the method diverged",
-    "reproduced": "the method beats FedAvg on every paired seed, by at least half the paper's gain on average",
+    "reproduced": "every finished run of the method completed and beat FedAvg's run of its seed, by at least half the "
+    "paper's gain on average",
     "direction only": "the mean paired gain has the paper's sign but not the rest of 'reproduced'",
     "not reproduced": "the mean paired gain is zero or opposite to the paper's",
 }
@@ -76,10 +80,13 @@ CLAIMS_COLUMNS = (
 
 def load_claims(path: Path) -> list[dict[str, Any]]:
     """The claims of a claims YAML, each checked for the fields the table needs."""
-    data = yaml.safe_load(Path(path).read_text())
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError as err:
+        raise ValueError(f"{path}: not valid YAML ({' '.join(str(err).split())})") from err
     claims = data.get("claims") if isinstance(data, dict) else None
-    if not isinstance(claims, list):
-        raise ValueError(f"{path}: expected a mapping with a 'claims' list")
+    if not isinstance(claims, list) or not all(isinstance(c, dict) for c in claims):
+        raise ValueError(f"{path}: expected a mapping with a 'claims' list of mappings")
     for claim in claims:
         missing = [k for k in ("id", "paper", "dataset", "metric", "method") if k not in claim]
         if missing:
@@ -89,9 +96,16 @@ def load_claims(path: Path) -> list[dict[str, Any]]:
             lacking = [k for k in ("table", "setting", "method", "metric") if k not in measure]
             if lacking:
                 raise ValueError(f"{path}: claim {claim['id']}'s measure lacks {', '.join(lacking)}")
+            unknown = sorted(set(measure) - {"table", "setting", "method", "metric"})
+            if unknown:
+                raise ValueError(f"{path}: claim {claim['id']}'s measure has unknown key(s) {unknown}")
             if measure["metric"] not in METRICS:
                 metric, choices = measure["metric"], ", ".join(METRICS)
                 raise ValueError(f"{path}: claim {claim['id']}: unknown metric {metric!r}; choose from {choices}")
+            if claim.get("paper_metric") == "rounds" and METRICS[measure["metric"]][2] != "speedup":
+                raise ValueError(
+                    f"{path}: claim {claim['id']}: paper_metric rounds needs a speedup metric, got {measure['metric']}"
+                )
     return claims
 
 
@@ -119,7 +133,12 @@ def read_per_seed(results_dir: Path, table: str) -> list[dict[str, str]]:
     if not path.is_file():
         return []
     with path.open(newline="") as f:
-        return list(csv.DictReader(f))
+        rows = list(csv.DictReader(f))
+    needed = {"setting", "method", "seed", "status"} | {c for cols in METRICS.values() for c in cols[:2]}
+    lacking = sorted(needed - set(rows[0])) if rows else []
+    if lacking:
+        raise ValueError(f"{path} lacks column(s) {lacking}: rewrite the report with `cli.py compare --report-only`")
+    return rows
 
 
 def measured(rows: Sequence[dict[str, str]], measure: dict[str, Any], seeds: Sequence[int] | None = None) -> dict:
@@ -129,12 +148,11 @@ def measured(rows: Sequence[dict[str, str]], measure: dict[str, Any], seeds: Seq
     (points for accuracies, speedup − 1 for speedups). ``seeds`` restricts the seeds used.
     """
     value_col, gain_col, kind = METRICS[measure["metric"]]
-    baseline = measure.get("baseline", "fedavg")
     pick = [r for r in rows if r["setting"] == measure["setting"] and (seeds is None or int(r["seed"]) in seeds)]
     mine = {int(r["seed"]): r for r in pick if r["method"] == measure["method"]}
-    base = {int(r["seed"]): r for r in pick if r["method"] == baseline and r["status"] == "completed"}
-    out: dict[str, Any] = {"kind": kind, "seeds": [], "values": [], "base": [], "gains": [], "missing_target": 0}
-    out["runs"] = len(mine)
+    base = {int(r["seed"]): r for r in pick if r["method"] == BASELINE and r["status"] == "completed"}
+    out: dict[str, Any] = {"kind": kind, "seeds": [], "values": [], "base": [], "gains": [], "missed_target": 0}
+    out["runs"] = sum(1 for r in mine.values() if r["status"] != "missing")  # runs not started yet do not count
     out["diverged"] = sum(1 for r in mine.values() if r["status"] == "diverged")
     for seed in sorted(mine):
         run = mine[seed]
@@ -142,11 +160,11 @@ def measured(rows: Sequence[dict[str, str]], measure: dict[str, Any], seeds: Seq
             continue
         value, base_value = _float(run[value_col]), _float(base[seed][value_col])
         if kind == "speedup":
-            gain = _float(run[gain_col])
-            if gain is None:  # one of the two never reached the target: no speedup to average
-                out["missing_target"] += 1
-                continue
-            gain -= 1.0
+            speedup = _float(run[gain_col])
+            if speedup is None:  # the method never reached FedAvg's accuracy: counted as speedup 0, a loss
+                out["missed_target"] += 1
+                speedup = 0.0
+            gain = speedup - 1.0
         else:
             delta = _float(run[gain_col])
             gain = None if delta is None else 100.0 * delta
@@ -170,7 +188,7 @@ def verdict(paper: float | None, fl: dict[str, Any]) -> str:
     mean = sum(gains) / len(gains)
     if sign * mean <= 0:
         return "not reproduced"
-    # every run of the method completed, paired and won (a speedup needs the target reached)
+    # every finished run of the method completed, was paired and won (a speedup needs the target reached)
     all_seeds = all(sign * g > 0 for g in gains) and len(gains) == fl["runs"]
     if all_seeds and (paper is None or sign * mean >= 0.5 * abs(paper)):
         return "reproduced"
@@ -219,7 +237,10 @@ def claim_row(claim: dict[str, Any], results_dir: Path) -> dict[str, Any]:
     if fl["gains"]:
         mean, std = mean_std(fl["gains"])
         row.update(fl_gain_mean=round(mean, 2), fl_gain_std=round(std, 2))
-        row["wins"] = f"{sum(1 for g in fl['gains'] if g > 0)}/{len(fl['gains'])}"
+        sign = -1.0 if gain is not None and gain < 0 else 1.0
+        row["wins"] = f"{sum(1 for g in fl['gains'] if sign * g > 0)}/{len(fl['gains'])}"
+        if fl["missed_target"]:
+            row["wins"] += f", {fl['missed_target']} never reached FedAvg's accuracy"
         if kind == "points":
             row["fl_fedavg"] = _pm([b for b in fl["base"] if b is not None])
             row["fl_method_value"] = _pm([v for v in fl["values"] if v is not None])
@@ -323,6 +344,19 @@ def write_claims(claims_yaml: Path, results_dir: Path, out_dir: Path | None = No
     return out / "claims.md", out / "claims.csv"
 
 
+def stale_claims(claims_yaml: Path, results_dir: Path) -> list[str]:
+    """The files :func:`write_claims` would change, beside ``claims_yaml``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        write_claims(claims_yaml, results_dir, Path(tmp))
+        fresh = {p.name: p.read_text() for p in Path(tmp).iterdir()}
+    here = Path(claims_yaml).parent
+    return [
+        str(here / name)
+        for name, text in sorted(fresh.items())
+        if not (here / name).is_file() or (here / name).read_text() != text
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     """``cli.py claims [--claims FILE] [--results DIR] [--readme FILE | --check]``."""
     from fl_lightning import includes
@@ -332,16 +366,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", default="results", help="the folder holding each comparison's report")
     parser.add_argument("--readme", default="README.md", help="the Markdown file whose generated sections to refresh")
     parser.add_argument(
-        "--check", action="store_true", help="write nothing: exit 1 if a generated README section is out of date"
+        "--check",
+        action="store_true",
+        help="write nothing: exit 1 if the claims files or a generated README section are out of date",
     )
     args = parser.parse_args(argv)
     claims_yaml = Path(args.claims)
     if not claims_yaml.is_file():
         raise FileNotFoundError(f"no claims file {claims_yaml}; pass --claims FILE")
     if args.check:
-        stale = includes.stale_sections(Path(args.readme))
+        stale = stale_claims(claims_yaml, Path(args.results))
+        stale += [f"{args.readme}'s section from {name}" for name in includes.stale_sections(Path(args.readme))]
         for name in stale:
-            print(f"[claims] {args.readme}: the section from {name} is out of date; run `python cli.py claims`")
+            print(f"[claims] {name} is out of date; run `python cli.py claims`")
         return 1 if stale else 0
     md, csv_path = write_claims(claims_yaml, Path(args.results))
     print(f"[claims] {md} and {csv_path}")

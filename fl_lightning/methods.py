@@ -266,8 +266,7 @@ class FedKA(FedAvg):
     """
 
     method_name = "fedka"
-    # L_KA does not depend on the batch, but a padded short batch would repeat the anchors' forward per sample.
-    sample_mean_loss = False
+    sample_mean_loss = True  # L_KA does not depend on the batch: under the per-sample vmap its forward runs once
     uses_teacher = True
     holdout_per_class_required = 1
     client_attributes = ("dominant", "anchor_x", "anchor_zg")

@@ -399,7 +399,7 @@ def _header_lines(title: str, baseline: str, summary: list[dict[str, Any]]) -> l
     for s in summary:
         for place in s.get("ran_on", []):
             places[place] += 1
-    where = "; ".join(f"{place} ({n} runs)" for place, n in sorted(places.items()))
+    where = "; ".join(f"{place} ({n} run{'s' if n > 1 else ''})" for place, n in sorted(places.items()))
     return [
         f"# {title}",
         "",

@@ -138,6 +138,17 @@ def test_bad_claims_files_fail_with_one_line(tmp_path: Path) -> None:
         claims.load_claims(path)
     with pytest.raises(FileNotFoundError, match="no claims file"):
         claims.main(["--claims", str(tmp_path / "none.yaml")])
+    path.write_text(yaml.safe_dump({"claims": [claim("z", "Z", 1.0, 2.0, metric="final_acc", baseline="kd")]}))
+    with pytest.raises(ValueError, match=r"measure has unknown key\(s\) \['baseline'\]"):
+        claims.load_claims(path)
+    path.write_text(
+        yaml.safe_dump({"claims": [{**claim("r", "R", 100, 50, metric="final_acc"), "paper_metric": "rounds"}]})
+    )
+    with pytest.raises(ValueError, match="paper_metric rounds needs a speedup metric"):
+        claims.load_claims(path)
+    path.write_text("claims: [\n")
+    with pytest.raises(ValueError, match="not valid YAML"):
+        claims.load_claims(path)
 
 
 def test_shipped_claims_table_and_readme_are_the_files_numbers(tmp_path: Path) -> None:
@@ -149,3 +160,56 @@ def test_shipped_claims_table_and_readme_are_the_files_numbers(tmp_path: Path) -
     assert includes.stale_sections(ROOT / "README.md") == [], "run `python cli.py claims`"
     args = ["--check", "--claims", str(ROOT / "results/claims/paper_claims.yaml"), "--readme", str(ROOT / "README.md")]
     assert claims.main(args) == 0
+
+
+def test_a_missed_target_is_a_lost_seed(tmp_path: Path) -> None:
+    runs = [run("fedavg", s, 0.8, 0.8, speedup_final_target=1.0) for s in range(3)]
+    runs += [run("slow", 0, 0.81, 0.8, speedup_final_target=3.0)]
+    runs += [run("slow", s, 0.79, 0.8) for s in (1, 2)]  # never reached FedAvg's accuracy: no speedup
+    runs += [run("never", s, 0.7, 0.8) for s in range(3)]
+    write_per_seed(tmp_path, "t", runs)
+    paper = {"paper_metric": "rounds", "fedavg": 100, "method_value": 50}
+    slow = claims.claim_row({**claim("a", "Slow", 0, 0, metric="speedup_final_target"), **paper}, tmp_path)
+    assert slow["wins"] == "1/3, 2 never reached FedAvg's accuracy" and slow["verdict"] == "not reproduced"
+    assert slow["fl_gain_mean"] == pytest.approx(0.0)  # speedups 3, 0, 0
+    never = claims.claim_row({**claim("b", "Never", 0, 0, metric="speedup_final_target"), **paper}, tmp_path)
+    assert never["verdict"] == "not reproduced" and never["reason"] == ""
+
+
+def test_a_paper_loss_is_reproduced_by_a_loss(tmp_path: Path) -> None:
+    runs = [run("fedavg", s, 0.8, 0.8) for s in range(2)] + [run("worse", s, 0.78, 0.8) for s in range(2)]
+    write_per_seed(tmp_path, "t", runs)
+    row = claims.claim_row(claim("w", "Worse", 80.0, 77.0, metric="final_acc"), tmp_path)
+    assert (row["verdict"], row["wins"]) == ("reproduced", "2/2")  # the paper's sign: below FedAvg on both seeds
+
+
+def test_seeds_not_run_yet_do_not_block_a_verdict(tmp_path: Path) -> None:
+    runs = [run("fedavg", s, 0.8, 0.8) for s in range(3)] + [run("good", s, 0.83, 0.8) for s in range(2)]
+    runs.append({"setting": "s", "method": "good", "seed": 2, "status": "missing"})
+    write_per_seed(tmp_path, "t", runs)
+    row = claims.claim_row(claim("g", "Good", 80.0, 83.0, metric="final_acc"), tmp_path)
+    assert (row["verdict"], row["seeds"]) == ("reproduced", "0 1")
+
+
+def test_unpaired_markers_fail(tmp_path: Path) -> None:
+    (tmp_path / "a.md").write_text("A\n")
+    readme = tmp_path / "README.md"
+    start = "<!-- generated from a.md: x -> y -->"  # a '>' in the marker's text is fine
+    readme.write_text(f"{start}\nold\n<!-- end generated -->\n")
+    assert includes.refresh(readme) == ["a.md"] and "A\n<!-- end generated -->" in readme.read_text()
+    readme.write_text(f"{start}\nold\n\n{start}\nold\n<!-- end generated -->\n")
+    with pytest.raises(ValueError, match="2 '<!-- generated from ...-->' and 1 '<!-- end generated -->' markers"):
+        includes.refresh(readme)
+    readme.write_text("Mention `<!-- generated from x -->` in prose: not a marker.\n")
+    assert includes.stale_sections(readme) == []
+
+
+def test_check_sees_stale_claims_files(tmp_path: Path, results: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "claims.yaml"
+    path.write_text(yaml.safe_dump({"claims": [claim("good", "Good", 80.0, 83.0, metric="final_acc")]}))
+    readme = tmp_path / "README.md"
+    readme.write_text("no sections\n")
+    args = ["--claims", str(path), "--results", str(results), "--readme", str(readme)]
+    assert claims.main([*args, "--check"]) == 1
+    assert "claims.md is out of date" in capsys.readouterr().out
+    assert claims.main(args) == 0 and claims.main([*args, "--check"]) == 0

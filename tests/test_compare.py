@@ -188,3 +188,11 @@ def test_notes_are_read_as_lines(spec_file):
     spec_file.write_text(yaml.safe_dump({**spec, "notes": {"a": 1}}))
     with pytest.raises(ValueError, match="notes must be a list"):
         CompareSpec.from_yaml(spec_file)
+
+
+def test_output_dir_overrides_the_yamls(spec_file, tmp_path, capsys):
+    elsewhere = tmp_path / "archived"
+    assert main(["--config", str(spec_file), "--report-only", "--output-dir", str(elsewhere)]) == 0
+    assert f"report: {elsewhere / 'report' / 'results.md'}" in capsys.readouterr().out
+    assert "Not run yet (2 of 2 runs" in (elsewhere / "report" / "results.md").read_text()
+    assert not (tmp_path / "out").exists()  # the YAML's output_dir is left alone

@@ -6,6 +6,7 @@ import csv
 import json
 
 import pytest
+import torch
 
 from fl_lightning.metrics import forgetting, forgetting_degree, rounds_to_target
 from fl_lightning.report import PER_SEED_COLUMNS, fmt, fmt_delta, mean_std, summarize, write_report
@@ -291,6 +292,14 @@ def test_report_says_where_runs_trained_and_adds_the_notes(comparison):
     md = (write_report("demo", tmp_path, runs, "fedavg", notes=notes) / "results.md").read_text()
     where = md.splitlines()[2]
     assert where.startswith("Where the runs trained: ")
-    assert "cuda (NVIDIA H100), batched engine, bf16-mixed (1 runs)" in where
+    assert "cuda (NVIDIA H100), batched engine, bf16-mixed (1 run)" in where
     assert "device not recorded, sequential engine, ? (4 runs)" in where  # summaries written before `device`
     assert md.endswith("## Notes\n\n- broken diverged: its loss blows up\n- a second note\n")
+
+
+def test_device_label():
+    from fl_lightning.recorder import device_label
+
+    assert device_label(torch.device("cpu")) == "cpu"
+    if torch.cuda.is_available():
+        assert device_label(torch.device("cuda", 0)).startswith("cuda (")
