@@ -150,14 +150,17 @@ def series_style(i: int) -> dict[str, str]:
     return {"color": f"C{i % 10}", "ls": ("-", "--", ":", "-.")[(i // 10) % 4]}
 
 
-def mark_divergence(ax: Any, round_idx: int, color: str = "red", label: str = "diverged") -> None:
-    """A dashed vertical line at the round a run diverged in, labelled at the top of the axis."""
+def mark_divergence(ax: Any, round_idx: int, color: str = "red", label: str = "diverged", row: int = 0) -> None:
+    """A dashed vertical line at the round a run diverged in, labelled at the top of the axis.
+
+    ``row``: how many labels down this one goes, so that several methods' labels do not overlap.
+    """
     ax.axvline(round_idx, color=color, ls="--", lw=1)
     ax.annotate(
         f"{label} (round {round_idx})",
         xy=(round_idx, 1.0),
         xycoords=("data", "axes fraction"),
-        xytext=(-3, -3),
+        xytext=(-3, -3 - 10 * row),
         textcoords="offset points",
         ha="right",
         va="top",

@@ -472,11 +472,13 @@ def write_per_seed(results: Sequence[dict[str, Any]], out_dir: Path) -> Path:
 def plot_curves(runs: Sequence[RunRef], setting: str, path: Path, smooth: int = 0) -> Path:
     """Learning curves of every method of a setting on one axis (accuracy in %), mean with a min–max band over seeds.
 
-    A diverged run's method is marked at the round it diverged in; ``smooth > 1`` draws each mean as a moving
-    average over that many evaluations (the raw mean faint behind it), for noisy comparisons.
+    A diverged run's method is marked at the round it diverged in; where some of a method's seeds completed, its
+    curve is theirs (as in the tables), else that of its diverged runs up to the first divergence. ``smooth > 1``
+    draws each mean as a moving average over that many evaluations (the raw mean faint behind it).
     """
     plt = _pyplot()
     by_method: dict[str, list[dict[int, float]]] = defaultdict(list)
+    completed: dict[str, list[dict[int, float]]] = defaultdict(list)
     diverged: dict[str, int] = {}
     described = ""
     for s, method, _seed, run_dir in runs:
@@ -485,10 +487,14 @@ def plot_curves(runs: Sequence[RunRef], setting: str, path: Path, smooth: int = 
             continue
         described = described or _describe(data["summary"])
         if data["summary"].get("status") == "diverged":
-            diverged.setdefault(method, _divergence_round(data))
+            diverged[method] = min(diverged.get(method, math.inf), _divergence_round(data))  # the first
         rows = [r for r in data["rows"] if math.isfinite(r["global_acc"])]
         if rows:
-            by_method[method].append({int(r["round"]): 100.0 * r["global_acc"] for r in rows})
+            curve = {int(r["round"]): 100.0 * r["global_acc"] for r in rows}
+            by_method[method].append(curve)
+            if data["summary"].get("status") == "completed":
+                completed[method].append(curve)
+    by_method.update(completed)  # a method with completed seeds: their curves alone
     fig, ax = plt.subplots(figsize=(7, 4.5))
     plotted: set[int] = set()
     for i, (method, curves) in enumerate(by_method.items()):
@@ -511,7 +517,8 @@ def plot_curves(runs: Sequence[RunRef], setting: str, path: Path, smooth: int = 
                 low, high = moving_average(low, smooth), moving_average(high, smooth)
             ax.fill_between(rounds, low, high, alpha=0.2, color=color)
         if method in diverged:
-            mark_divergence(ax, diverged[method], color=color, label=f"{method} diverged")
+            row = list(diverged).index(method)
+            mark_divergence(ax, diverged[method], color=color, label=f"{method} diverged", row=row)
     integer_round_axis(ax, sorted(plotted))
     ax.set_ylabel("global test accuracy (%)")
     view = f", moving average over {smooth} rounds" if smooth > 1 else ""
