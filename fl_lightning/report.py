@@ -69,6 +69,10 @@ TARGETS: dict[str, tuple[str, str]] = {
 }
 #: Accuracies compared seed by seed with the baseline: name in the results -> key in a run's ``summary.json``.
 DELTAS: dict[str, str] = {"final_acc": "final_acc", "best_acc": "best_acc", "last10_acc": "last10_mean_acc"}
+#: Local-model measures (``--federation.eval_local``), as the mean over a run's last 10 evaluated rounds: name in the
+#: results -> ``metrics.csv`` column. AccL: the updated local models' mean test accuracy (FedSSD §3.1, FedCAD Fig. 1);
+#: τ: FedKA's class-wise forgetting degree of the local models against the global one.
+LOCAL: dict[str, str] = {"local_acc_last10": "local_acc_mean", "forgetting_degree_last10": "local_forgetting_degree"}
 #: Columns of ``per_seed.csv``, one row per run.
 PER_SEED_COLUMNS: tuple[str, ...] = (
     "setting",
@@ -86,6 +90,8 @@ PER_SEED_COLUMNS: tuple[str, ...] = (
     "delta_last10_acc",
     "speedup_final_target",
     "speedup_best_target",
+    "local_acc_last10",
+    "forgetting_degree_last10",
     "wall_seconds",
 )
 
@@ -143,6 +149,12 @@ def paired_delta(run: dict[str, Any], base: dict[str, Any], key: str) -> float |
     return None if value is None or base_value is None else float(value) - float(base_value)
 
 
+def last10(run: dict[str, Any], column: str) -> float | None:
+    """The mean of a ``metrics.csv`` column over the run's last 10 rounds that have it (None: no round has it)."""
+    values = [r[column] for r in run["rows"] if math.isfinite(r.get(column, math.nan))]
+    return float(np.mean(values[-10:])) if values else None
+
+
 def seed_result(run: dict[str, Any], base: dict[str, Any] | None) -> dict[str, Any]:
     """One run's row of ``per_seed.csv``.
 
@@ -154,6 +166,8 @@ def seed_result(run: dict[str, Any], base: dict[str, Any] | None) -> dict[str, A
     out["status"] = summary.get("status", "missing")
     for name, key in {**DELTAS, "forgetting": "forgetting"}.items():
         out[name] = summary.get(key) if done else None
+    for name, column in LOCAL.items():
+        out[name] = last10(run, column) if done else None
     out["wall_seconds"] = summary.get("wall_seconds")
     paired = done and base is not None
     out["paired"] = paired
@@ -217,6 +231,7 @@ def _group_row(setting: str, method: str, runs: list[dict[str, Any]], results: l
             r["summary"]["last10_mean_acc"] for r in done if r["summary"].get("last10_mean_acc") is not None
         ],
         "forgetting": [r["summary"]["forgetting"] for r in done],
+        **{name: [r[name] for r in results if r[name] is not None] for name in LOCAL},
         "wall_seconds": [r["summary"]["wall_seconds"] for r in done],
         "wall_seconds_all": [
             float(r["summary"]["wall_seconds"]) for r in runs if _finite(r["summary"].get("wall_seconds"))
@@ -329,6 +344,9 @@ def _table_rows(summary: list[dict[str, Any]], baseline: str) -> tuple[list[str]
     header = ["setting", "method", "final acc (%)", "best acc (%)", "last-10 acc (%)", "forgetting F"]
     for kind in TARGETS:
         header += [f"rounds to {baseline}'s {kind} acc", f"speedup ({baseline}'s {kind} acc)"]
+    local = any(s.get(name) for s in summary for name in LOCAL)  # runs with --federation.eval_local
+    if local:
+        header += ["AccL last-10 (%)", "forgetting degree τ last-10"]
     header += ["wall (s)", "status"]
     rows = []
     for s in summary:
@@ -351,6 +369,8 @@ def _table_rows(summary: list[dict[str, Any]], baseline: str) -> tuple[list[str]
         ]
         for kind in TARGETS:
             row += [fmt_rounds(s["targets"][kind]), fmt_speedup(s["targets"][kind])]
+        if local:
+            row += [fmt(s["local_acc_last10"]), fmt(s["forgetting_degree_last10"], scale=1.0, digits=4)]
         status = s["status"]
         if status == "diverged":  # some seeds completed, the others diverged: the means are the completed seeds'
             rounds = ", ".join(str(r) for r in s["diverged_round"])

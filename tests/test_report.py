@@ -242,17 +242,17 @@ def test_per_seed_csv(paired_comparison):
     assert len(rows) == 1 + len(PAIRED_CURVES)
     assert list(by_run[("fedavg", "1")].values()) == [
         "s", "fedavg", "1", "completed", "0.6", "0.6", "0.42", "0.01", "5", "5", "0.0", "0.0", "0.0", "1.0", "1.0",
-        "110.0",
+        "", "", "110.0",
     ]  # fmt: skip
     assert list(by_run[("fedx", "0")].values()) == [
         "s", "fedx", "0", "completed", "0.7", "0.7", "0.62", "0.01", "1", "2", "0.2", "0.1", "0.22", "3.0", "2.0",
-        "50.0",
+        "", "", "50.0",
     ]  # fmt: skip
     assert list(by_run[("fedx", "1")].values())[8:15] == ["2", "2", "-0.1", "0.0", "0.06", "2.5", "2.5"]
     # seed 2 never reaches fedavg's best accuracy: no rounds, no speedup for that target
     assert list(by_run[("fedx", "2")].values())[8:15] == ["2", "", "0.05", "-0.05", "0.05", "1.5", ""]
-    assert list(by_run[("fedy", "1")].values()) == ["s", "fedy", "1", "diverged", *[""] * 11, "5.0"]
-    assert list(by_run[("fedy", "2")].values()) == ["s", "fedy", "2", "missing", *[""] * 12]
+    assert list(by_run[("fedy", "1")].values()) == ["s", "fedy", "1", "diverged", *[""] * 13, "5.0"]
+    assert list(by_run[("fedy", "2")].values()) == ["s", "fedy", "2", "missing", *[""] * 14]
 
 
 def test_unpaired_seed_when_the_baselines_run_is_missing(tmp_path):
@@ -303,3 +303,24 @@ def test_device_label():
     assert device_label(torch.device("cpu")) == "cpu"
     if torch.cuda.is_available():
         assert device_label(torch.device("cuda", 0)).startswith("cuda (")
+
+
+def test_local_model_measures_when_runs_evaluated_them(tmp_path):
+    """AccL and FedKA's forgetting degree (``--federation.eval_local``): last-10 means, in both tables' files."""
+    runs = []
+    for seed, (local, degree) in enumerate([(0.5, 0.2), (0.7, 0.1)]):
+        run_dir = tmp_path / "s" / "fedavg" / f"seed{seed}"
+        _fake_run(run_dir, [0.6] * 12)
+        rows = list(csv.DictReader(open(run_dir / "metrics.csv")))
+        with open(run_dir / "metrics.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, [*rows[0], "local_acc_mean", "local_forgetting_degree"])
+            writer.writeheader()
+            for i, row in enumerate(rows):  # the first two rounds are outside the last 10
+                writer.writerow({**row, "local_acc_mean": 0.0 if i < 2 else local, "local_forgetting_degree": degree})
+        runs.append(("s", "fedavg", seed, run_dir))
+    out = write_report("demo", tmp_path, runs, "fedavg")
+    md = (out / "results.md").read_text()
+    assert "| AccL last-10 (%) | forgetting degree τ last-10 |" in md
+    assert "| 60.00 ± 14.14 | 0.1500 ± 0.0707 |" in md
+    per_seed = list(csv.DictReader(open(out / "per_seed.csv")))
+    assert [float(r["local_acc_last10"]) for r in per_seed] == [0.5, 0.7]
