@@ -45,6 +45,9 @@ VERDICT_RULES: dict[str, str] = {
     "direction only": "the mean paired gain has the paper's sign but not the rest of 'reproduced'",
     "not reproduced": "the mean paired gain is zero or opposite to the paper's",
 }
+#: A paper's "Failed" (``paper_failed: true``): reproduced when every run diverged or ended within this many points
+#: of chance accuracy (``chance``, default 10 %).
+FAILED_MARGIN = 5.0
 #: Metrics a claim can be measured by: per_seed.csv's value column, its paired column, and how a gain is read.
 METRICS: dict[str, tuple[str, str, str]] = {
     "final_acc": ("final_acc", "delta_final_acc", "points"),
@@ -102,6 +105,8 @@ def load_claims(path: Path) -> list[dict[str, Any]]:
             if measure["metric"] not in METRICS:
                 metric, choices = measure["metric"], ", ".join(METRICS)
                 raise ValueError(f"{path}: claim {claim['id']}: unknown metric {metric!r}; choose from {choices}")
+            if claim.get("paper_failed") and METRICS[measure["metric"]][2] != "points":
+                raise ValueError(f"{path}: claim {claim['id']}: paper_failed needs an accuracy metric")
             if claim.get("paper_metric") == "rounds" and METRICS[measure["metric"]][2] != "speedup":
                 raise ValueError(
                     f"{path}: claim {claim['id']}: paper_metric rounds needs a speedup metric, got {measure['metric']}"
@@ -195,6 +200,15 @@ def verdict(paper: float | None, fl: dict[str, Any]) -> str:
     return "direction only"
 
 
+def failed_verdict(fl: dict[str, Any], chance: float) -> str:
+    """The verdict on a paper's "Failed": did every run of the method diverge or end near chance accuracy?"""
+    if not fl["runs"]:
+        return "not run"
+    learned = [v for v in fl["values"] if v is not None and v > chance + FAILED_MARGIN]
+    done = fl["diverged"] + len(fl["values"])
+    return "reproduced" if done == fl["runs"] and not learned else "not reproduced"
+
+
 def claim_row(claim: dict[str, Any], results_dir: Path) -> dict[str, Any]:
     """One row of the claims table (:data:`CLAIMS_COLUMNS`)."""
     measure = claim.get("measure")
@@ -227,6 +241,11 @@ def claim_row(claim: dict[str, Any], results_dir: Path) -> dict[str, Any]:
         seeds=" ".join(map(str, fl["seeds"])),
         verdict=verdict(gain, fl),
         verdict_seed0=verdict(gain, fl0),
+    )
+    if claim.get("paper_failed"):  # the paper reports the method as "Failed": did it fail here too?
+        chance = float(claim.get("chance", 10.0))
+        row.update(verdict=failed_verdict(fl, chance), verdict_seed0=failed_verdict(fl0, chance))
+    row.update(
         diverged=f"{fl['diverged']}/{fl['runs']}" if fl["diverged"] else "",
     )
     if row["verdict"] == "not run" and not row["reason"]:
@@ -293,7 +312,9 @@ def claims_markdown(claims: Sequence[dict[str, Any]], rows: Sequence[dict[str, A
         "",
         "Gain: method − FedAvg in accuracy points (paired by seed: same partition and sampling), or the speedup "
         "in rounds to FedAvg's accuracy; fl_lightning's as mean ± std over the paired seeds, with the seeds the "
-        f"method wins. Verdicts: {rules}. The last column is the verdict seed 0 alone would give. Each claim's "
+        f'method wins. Verdicts: {rules}. A paper\'s "Failed" is reproduced when every run of the method diverged '
+        f"or ended within {FAILED_MARGIN:g} points of chance. The last column is the verdict seed 0 alone would give. "
+        "Each claim's "
         "source, the paper's setting and every difference from fl_lightning's: `claims_settings.md`.",
     ]
     reasons = [(row["id"], row["reason"]) for row in rows if row["reason"] and row["verdict"] != "not run"]

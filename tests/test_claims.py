@@ -213,3 +213,26 @@ def test_check_sees_stale_claims_files(tmp_path: Path, results: Path, capsys: py
     assert claims.main([*args, "--check"]) == 1
     assert "claims.md is out of date" in capsys.readouterr().out
     assert claims.main(args) == 0 and claims.main([*args, "--check"]) == 0
+
+
+def test_a_papers_failed_is_reproduced_by_divergence_or_chance(tmp_path: Path) -> None:
+    runs = [run("fedavg", s, 0.8, 0.8) for s in range(2)]
+    runs += [run("gone", s, 0.0, 0.0, status="diverged") for s in range(2)]
+    runs += [run("chance", s, 0.12, 0.8) for s in range(2)]  # within 5 points of 10 %
+    runs += [run("learns", 0, 0.6, 0.8), run("learns", 1, 0.1, 0.8)]
+    write_per_seed(tmp_path, "t", runs)
+
+    def failed(method: str) -> dict:
+        return claims.claim_row(
+            {**claim(method, method.title(), 28.0, 10.0, metric="final_acc"), "paper_failed": True}, tmp_path
+        )
+
+    assert failed("gone")["verdict"] == "reproduced" and failed("gone")["diverged"] == "2/2"
+    assert failed("chance")["verdict"] == "reproduced"
+    learns = failed("learns")
+    assert (learns["verdict"], learns["verdict_seed0"]) == ("not reproduced", "not reproduced")
+    path = tmp_path / "claims.yaml"
+    bad = {**claim("x", "X", 28.0, 10.0, metric="speedup_final_target"), "paper_failed": True}
+    path.write_text(yaml.safe_dump({"claims": [bad]}))
+    with pytest.raises(ValueError, match="paper_failed needs an accuracy metric"):
+        claims.load_claims(path)
