@@ -90,6 +90,13 @@ FEDKA_NOTE = (
 )
 
 
+def _ntd_setting(part: dict[str, Any], **federation: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The FedNTD-paper setting's data and federation sections for one partition, plus ``federation`` extras."""
+    data = {"dataset": "fashion_mnist", "num_clients": 100, "batch_size": 50, "holdout_per_class": 64, **part}
+    fed = {"rounds": 100, "sample_ratio": 0.1, "local_epochs": 5, "lr_decay": 0.99, **federation}
+    return data, fed
+
+
 def _config(
     name: str,
     method: str,
@@ -143,8 +150,7 @@ def all_configs() -> dict[str, str]:
 
     for method in (m for m in METHODS if m not in NO_CONFIGS):
         for tag, part in NTD_PARTITIONS.items():
-            data = {"dataset": "fashion_mnist", "num_clients": 100, "batch_size": 50, "holdout_per_class": 64, **part}
-            fed = {"rounds": 100, "sample_ratio": 0.1, "local_epochs": 5, "lr_decay": 0.99}
+            data, fed = _ntd_setting(part)
             add(
                 _config(
                     f"{method}_fmnist_{tag}",
@@ -160,14 +166,8 @@ def all_configs() -> dict[str, str]:
 
     for name, (optimizer, args, eta) in SERVER_OPTIMIZERS.items():
         for tag, part in NTD_PARTITIONS.items():
-            data = {"dataset": "fashion_mnist", "num_clients": 100, "batch_size": 50, "holdout_per_class": 64, **part}
-            fed = {
-                "rounds": 100,
-                "sample_ratio": 0.1,
-                "local_epochs": 5,
-                "lr_decay": 0.99,
-                "server_optimizer": {"class_path": f"fl_lightning.server_optim.{optimizer}", "init_args": args},
-            }
+            server = {"class_path": f"fl_lightning.server_optim.{optimizer}", "init_args": args}
+            data, fed = _ntd_setting(part, server_optimizer=server)
             add(
                 _config(
                     f"{name}_fmnist_{tag}",
@@ -185,15 +185,7 @@ def all_configs() -> dict[str, str]:
     # FedAvgM (Hsu et al., 2019): server momentum β_s = 0.9 with server lr η_s = 0.1, so that the effective server step
     # η_s / (1 − β_s) is FedAvg's 1.
     for tag, part in NTD_PARTITIONS.items():
-        data = {"dataset": "fashion_mnist", "num_clients": 100, "batch_size": 50, "holdout_per_class": 64, **part}
-        fed = {
-            "rounds": 100,
-            "sample_ratio": 0.1,
-            "local_epochs": 5,
-            "lr_decay": 0.99,
-            "server_lr": 0.1,
-            "server_momentum": 0.9,
-        }
+        data, fed = _ntd_setting(part, server_lr=0.1, server_momentum=0.9)
         add(
             _config(
                 f"fedavgm_fmnist_{tag}",
