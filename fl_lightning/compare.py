@@ -265,6 +265,11 @@ def _fit_args(spec: CompareSpec, run: Run) -> list[str]:
     ]
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    """SIGTERM handler: stop the comparison as Ctrl-C does."""
+    raise KeyboardInterrupt
+
+
 def run_comparison(spec: CompareSpec, dry_run: bool = False, report_only: bool = False) -> Path:
     """Run what is missing (nothing with ``report_only``), then write the report; returns the report's folder."""
     runs = spec.runs()
@@ -321,6 +326,10 @@ def run_comparison(spec: CompareSpec, dry_run: bool = False, report_only: bool =
 
     failures = []
     pool = ThreadPoolExecutor(max_workers=spec.jobs)
+    # SIGTERM (``kill``, a scheduler, a background job's end) stops the comparison the way Ctrl-C does, so that its
+    # fits are never left running without it.
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _interrupt) if main_thread else None
     try:
         for run, code in pool.map(execute, todo):
             finished += 1
@@ -339,13 +348,17 @@ def run_comparison(spec: CompareSpec, dry_run: bool = False, report_only: bool =
             if code not in (0, 3):  # a diverged run (exit code 3) is a result
                 failures.append(run)
     except KeyboardInterrupt:
-        # Ctrl-C: start no other fit, stop those running (each records itself as interrupted), then end.
+        # Ctrl-C or SIGTERM: start no other fit, stop those running (SIGTERM reaches a fit in the background too,
+        # where SIGINT is ignored; each records itself as interrupted), then end.
         with lock:
             stopping.set()
             for proc in fits:
-                proc.send_signal(signal.SIGINT)
+                proc.send_signal(signal.SIGTERM)
         pool.shutdown(wait=True, cancel_futures=True)
         raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     pool.shutdown(wait=True)
     report_dir = write_report(
         spec.name,

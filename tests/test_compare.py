@@ -196,3 +196,47 @@ def test_output_dir_overrides_the_yamls(spec_file, tmp_path, capsys):
     assert f"report: {elsewhere / 'report' / 'results.md'}" in capsys.readouterr().out
     assert "Not run yet (2 of 2 runs" in (elsewhere / "report" / "results.md").read_text()
     assert not (tmp_path / "out").exists()  # the YAML's output_dir is left alone
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_comparison_and_its_fits(spec_file, tmp_path):
+    # Before: compare only passed on SIGINT, which background jobs ignore, so SIGTERM left its fits running as orphans.
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    spec = yaml.safe_load(spec_file.read_text())
+    for method in CLASSES:
+        cfg = yaml.safe_load((tmp_path / f"{method}.yaml").read_text())
+        cfg["federation"]["rounds"] = 500
+        (tmp_path / f"{method}.yaml").write_text(yaml.safe_dump(cfg))
+    proc = subprocess.Popen(
+        [sys.executable, "cli.py", "compare", "--config", str(spec_file)],
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # as `nohup ... &`: no terminal to send Ctrl-C to the fits
+    )
+    out = Path(spec["output_dir"]) / "digits"
+    metrics = [out / method / "seed0" / "metrics.csv" for method in CLASSES]
+    deadline = time.time() + 120
+    while not all(m.exists() for m in metrics) and time.time() < deadline:
+        time.sleep(0.05)
+    assert all(m.exists() for m in metrics), "the fits did not start"
+    fits = subprocess.run(["pgrep", "-f", f"default_root_dir {out}"], capture_output=True, text=True).stdout.split()
+    assert len(fits) == 2
+    proc.send_signal(signal.SIGTERM)
+    try:
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 4, err
+        assert err.strip().splitlines()[-1].startswith("error: compare interrupted")
+        for pid in fits:  # every fit has ended, and recorded itself as interrupted
+            with pytest.raises(ProcessLookupError):
+                os.kill(int(pid), 0)
+    finally:  # leave no orphan behind when the test fails
+        subprocess.run(["pkill", "-KILL", "-f", f"default_root_dir {out}"])
+    assert [read_summary(m.parent)["status"] for m in metrics] == ["interrupted", "interrupted"]
