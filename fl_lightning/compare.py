@@ -265,9 +265,13 @@ def _fit_args(spec: CompareSpec, run: Run) -> list[str]:
     ]
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C would be."""
+
+
 def _interrupt(signum: int, frame: object) -> None:
     """SIGTERM handler: stop the comparison as Ctrl-C does."""
-    raise KeyboardInterrupt
+    raise _Terminated
 
 
 def run_comparison(spec: CompareSpec, dry_run: bool = False, report_only: bool = False) -> Path:
@@ -347,13 +351,13 @@ def run_comparison(spec: CompareSpec, dry_run: bool = False, report_only: bool =
             )
             if code not in (0, 3):  # a diverged run (exit code 3) is a result
                 failures.append(run)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         # Ctrl-C or SIGTERM: start no other fit, stop those running (SIGTERM reaches a fit in the background too,
         # where SIGINT is ignored; each records itself as interrupted), then end.
         with lock:
             stopping.set()
             for proc in fits:
-                proc.send_signal(signal.SIGTERM)
+                proc.send_signal(signal.SIGTERM if isinstance(stop, _Terminated) else signal.SIGINT)
         pool.shutdown(wait=True, cancel_futures=True)
         raise
     finally:
