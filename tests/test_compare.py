@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -201,12 +206,6 @@ def test_output_dir_overrides_the_yamls(spec_file, tmp_path, capsys):
 @pytest.mark.slow
 def test_sigterm_stops_the_comparison_and_its_fits(spec_file, tmp_path):
     # Before: compare only passed on SIGINT, which background jobs ignore, so SIGTERM left its fits running as orphans.
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
     spec = yaml.safe_load(spec_file.read_text())
     for method in CLASSES:
         cfg = yaml.safe_load((tmp_path / f"{method}.yaml").read_text())
