@@ -20,6 +20,8 @@ The YAML::
 
 A finished run is reused, and an interrupted one resumed, only when its saved ``config.yaml`` matches what the YAML
 asks for now; otherwise it is run again with ``--overwrite`` (the old run is moved to ``<dir>.replaced-<time>``).
+Interrupted runs start first, then the rest seed by seed (every method's first seed before any second seed), so a
+comparison stopped early leaves whole seeds behind.
 """
 
 from __future__ import annotations
@@ -279,6 +281,8 @@ def run_comparison(spec: CompareSpec, dry_run: bool = False, report_only: bool =
     runs = spec.runs()
     plans = {} if report_only else {r.run_dir: r.plan(spec) for r in runs}
     todo = [r for r in runs if plans.get(r.run_dir, ("reuse", ""))[0] != "reuse"]
+    # Interrupted runs first, then seed by seed: a comparison stopped early has whole seeds, seed 0 first.
+    todo.sort(key=lambda r: (plans[r.run_dir][0] != "resume", spec.seeds.index(r.seed)))
     if report_only:
         done = sum(r.state() == "done" for r in runs)
         print(f"[compare] {spec.name}: report only, {done} of {len(runs)} runs finished", flush=True)

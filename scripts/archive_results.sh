@@ -8,7 +8,7 @@ find "$src" -path "*/report" -prune -o -name summary.json -print | while read -r
   case "$status" in completed|diverged) ;; *) continue ;; esac
   run_dir=$(dirname "$summary"); rel=${run_dir#"$src"}; mkdir -p "$dest/$rel"
   for f in summary.json metrics.csv config.yaml partition.csv; do
-    [ -f "$run_dir/$f" ] && cp "$run_dir/$f" "$dest/$rel/"
+    if [ -f "$run_dir/$f" ]; then cp "$run_dir/$f" "$dest/$rel/"; fi  # not `&&`: a missing file must not stop set -e
   done
 done
 if [ -d "$src/report" ]; then mkdir -p "$dest/report"; cp "$src"/report/results.{md,csv} "$dest/report/"; fi

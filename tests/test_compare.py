@@ -203,6 +203,28 @@ def test_output_dir_overrides_the_yamls(spec_file, tmp_path, capsys):
     assert not (tmp_path / "out").exists()  # the YAML's output_dir is left alone
 
 
+def test_runs_start_interrupted_first_then_seed_by_seed(spec_file, capsys):
+    spec = yaml.safe_load(spec_file.read_text())
+    spec_file.write_text(yaml.safe_dump({**spec, "seeds": [0, 1]}))
+    spec = CompareSpec.from_yaml(spec_file)
+    interrupted = next(r for r in spec.runs() if (r.method, r.seed) == ("fedntd", 1))
+    (interrupted.run_dir / "checkpoints").mkdir(parents=True)
+    (interrupted.run_dir / "checkpoints" / "last.ckpt").write_bytes(b"")
+    (interrupted.run_dir / "config.yaml").write_text(yaml.safe_dump(spec.resolved(interrupted)))
+    run_comparison(spec, dry_run=True)
+    starts = [
+        line.split("--trainer.default_root_dir ")[1].split()[0]
+        for line in capsys.readouterr().out.splitlines()
+        if " fit " in line
+    ]
+    assert [Path(d).relative_to(spec.output_dir).as_posix() for d in starts] == [
+        "digits/fedntd/seed1",  # resumed first
+        "digits/fedavg/seed0",
+        "digits/fedntd/seed0",
+        "digits/fedavg/seed1",
+    ]
+
+
 @pytest.mark.slow
 def test_sigterm_stops_the_comparison_and_its_fits(spec_file, tmp_path):
     # Before: compare only passed on SIGINT, which background jobs ignore, so SIGTERM left its fits running as orphans.
