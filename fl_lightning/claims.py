@@ -250,8 +250,8 @@ def claim_row(claim: dict[str, Any], results_dir: Path) -> dict[str, Any]:
     )
     if row["verdict"] == "not run" and not row["reason"]:
         row["reason"] = (
-            f"not run yet: `python cli.py compare --config configs/compare/{measure['table']}.yaml`, then copy its "
-            f"runs and report to results/{measure['table']}/"
+            f"not run yet: `bash scripts/paper_tables.sh {measure['table']}` runs it and archives its runs and report "
+            f"in results/{measure['table']}/"
         )
     if fl["gains"]:
         mean, std = mean_std(fl["gains"])
