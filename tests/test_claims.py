@@ -79,7 +79,7 @@ def test_verdicts_pair_seeds_and_compare_with_the_papers_gain(results: Path) -> 
     assert rows["mixed"]["verdict"] == "direction only"
     assert rows["bad"]["verdict"] == "diverged" and rows["bad"]["diverged"] == "3/3"
     assert rows["pending"]["verdict"] == "not run"
-    assert "compare --config configs/compare/t.yaml" in rows["pending"]["reason"]
+    assert "bash scripts/paper_tables.sh t" in rows["pending"]["reason"]
     assert rows["unmeasured"]["verdict"] == "not run"
 
 
