@@ -39,11 +39,11 @@ finished() {  # whether the run directory $1 holds a completed or diverged run
 }
 
 restore() {  # copy archived and carried runs into runs/compare/ where that run directory does not exist yet
-  local t=$1 from rel n=0
+  local t=$1 from cfg rel n=0
   for from in "results/$t" "results/unfinished/$t"; do
     [ -d "$from" ] || continue
-    while read -r summary; do
-      rel=$(dirname "${summary#"$from"/}")
+    while read -r cfg; do
+      rel=$(dirname "${cfg#"$from"/}")
       [ -e "runs/compare/$t/$rel" ] && continue
       mkdir -p "runs/compare/$t/$rel" && cp -r "$from/$rel/." "runs/compare/$t/$rel/" && n=$((n + 1))
     done < <(find "$from" -path "*/report" -prune -o -name config.yaml -print)
@@ -59,7 +59,7 @@ archive() {
 }
 
 carry_unfinished() {  # results/unfinished/$t: each unfinished run with a checkpoint; finished ones are dropped
-  local t=$1 run_dir rel dest="results/unfinished/$1"
+  local t=$1 cfg run_dir rel dest="results/unfinished/$1"
   if [ -d "$dest" ]; then
     while read -r cfg; do
       rel=$(dirname "${cfg#"$dest"/}")
