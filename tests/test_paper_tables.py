@@ -26,12 +26,12 @@ def _run_dir(path: Path, status: str, checkpoint: bool = False) -> Path:
     return path
 
 
-def _tables(repo: Path, *args: str) -> str:
+def _tables(repo: Path, *args: str, **env: str) -> str:
     # PY=true: the report and claims commands become no-ops; only the script's own file handling runs.
     proc = subprocess.run(
         ["bash", "scripts/paper_tables.sh", "--archive-only", *args, "tiny"],
         cwd=repo,
-        env={"PATH": "/usr/bin:/bin", "PY": "true"},
+        env={"PATH": "/usr/bin:/bin", "PY": "true", **env},
         capture_output=True,
         text=True,
     )
@@ -95,15 +95,8 @@ def test_carry_keeps_unfinished_runs_until_they_finish(repo: Path) -> None:
 def test_carry_leaves_out_a_run_over_the_size_limit(repo: Path) -> None:
     run = _run_dir(repo / "runs/compare/tiny/s/fedcurv/seed0", "interrupted", checkpoint=True)
     (run / "checkpoints" / "last.ckpt").write_bytes(b"\0" * (2 << 20))
-    proc = subprocess.run(
-        ["bash", "scripts/paper_tables.sh", "--archive-only", "--carry", "tiny"],
-        cwd=repo,
-        env={"PATH": "/usr/bin:/bin", "PY": "true", "CARRY_MAX_MB": "1"},
-        capture_output=True,
-        text=True,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert "s/fedcurv/seed0: not carried, over 1 MB (CARRY_MAX_MB)" in proc.stdout
+    out = _tables(repo, "--carry", CARRY_MAX_MB="1")
+    assert "s/fedcurv/seed0: not carried, over 1 MB (CARRY_MAX_MB)" in out
     assert not (repo / "results/unfinished/tiny/s/fedcurv").exists()
 
 
