@@ -407,10 +407,11 @@ def train_stacked(
     Every client's attributes must have the same structure (:func:`stack_attributes`). Step ``i`` trains the clients
     with more than ``i`` steps. The clients whose batch has the common (full) shape run in one call; a client with
     another batch shape at that step (a short last batch) joins that call padded with weight-0 samples where the
-    loss allows it (:func:`pads_short_batches`), else runs in its own. The full-shape call covers every client
-    of the stack, the others masked (their loss counts zero and their BatchNorm statistics are put back), when
-    ``pad`` is true (default: on a GPU, or when at least three quarters of the clients take a full batch); else it
-    selects the full-batch clients. ``on_step(n)`` is told how many client steps each stacked step took.
+    loss allows it (:func:`pads_short_batches`) and autocast is off, else runs in its own. The full-shape call covers
+    every client of the stack, the others masked (their loss counts zero and their BatchNorm statistics are put
+    back), when ``pad`` is true (default: on a GPU, or when at least three quarters of the clients take a full
+    batch); else it selects the full-batch clients. ``on_step(n)`` is told how many client steps each stacked step
+    took.
     ``augment``: the datamodule's transform, so that clients with random batches (``rng``) are gathered too.
     """
     k = len(clients)
@@ -420,7 +421,12 @@ def train_stacked(
     wrapper = _ClientLoss(module)
     plain_loss = _local_loss(module, wrapper, template)
     loss_fn = vmap(plain_loss, randomness="error")
-    weighted_fn = vmap(_sample_weighted(plain_loss), randomness="error") if pads_short_batches(module) else None
+    device = next(iter(params.values())).device if params else torch.device("cpu")
+    # Padding runs the loss under a second, per-sample vmap. Under CUDA autocast that nesting hands a convolution a
+    # bf16 input with its float32 bias (RuntimeError, seen with torch 2.11 on an H200), so under autocast a short
+    # batch runs in its own call instead: the same step, one more launch.
+    pads = pads_short_batches(module) and not torch.is_autocast_enabled(device.type)
+    weighted_fn = vmap(_sample_weighted(plain_loss), randomness="error") if pads else None
     pad_index: dict[tuple[int, int], tuple[Tensor, Tensor]] = {}  # (n, B) -> positions filling n samples to B, weights
     gradient_fn = (
         vmap(_local_gradient(module, template), randomness="error")
@@ -429,7 +435,6 @@ def train_stacked(
     )
     momentum_buffers: list[Tensor | None] = [None] * len(names)
     steps = [c.steps for c in clients]
-    device = next(iter(params.values())).device if params else torch.device("cpu")
     loss_sums = torch.zeros(k, dtype=torch.float64, device=device)
     gather = _Gather.of(clients, augment)
     steps_on_device = torch.tensor(steps, device=device)

@@ -18,7 +18,7 @@ from torch.func import functional_call
 from fl_lightning import losses
 from fl_lightning.context import ClientContext, ServerContext
 from fl_lightning.models import require_features
-from fl_lightning.module import FedAvg
+from fl_lightning.module import FedAvg, frozen_forward
 
 
 class KD(FedAvg):
@@ -654,7 +654,7 @@ class MOON(FedAvg):
         logits = classifier(features) if isinstance(classifier, nn.Module) else self(x)
         h = self.head(features)
         with torch.no_grad():
-            h_global = self._frozen[0](x)
+            h_global = frozen_forward(self._frozen[0], x)
             h_prev = h_global if self._prev_weights is None else functional_call(self._frozen[1], self._prev_weights, x)
         return F.cross_entropy(logits, y) + self.mu * losses.moon_loss(h, h_global, h_prev, self.tau)
 

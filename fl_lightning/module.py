@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import lightning as L
@@ -163,7 +163,7 @@ class FederatedHooks:
                 f"{type(self).__name__} has no teacher before its first client starts "
                 "(the Federation callback refreshes it when teacher_needed(client) is True)"
             )
-        return teachers[0](x)
+        return frozen_forward(teachers[0], x)
 
 
 class TeacherMixin(FederatedHooks):
@@ -496,6 +496,19 @@ class FedAvg(FederatedHooks, L.LightningModule):
         result = Evaluation.from_counts(counts)
         self.log(f"{stage}/loss", result.loss)
         self.log(f"{stage}/acc", result.acc)
+
+
+def frozen_forward(net: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
+    """``net(x)`` for a frozen network that a loss runs on its batch (the teacher, MOON's global model).
+
+    Inside the batched engine's ``vmap`` under autocast it runs in float32 with autocast off: there the frozen
+    network's weights are not stacked, and CUDA autocast hands such a network's convolutions a bf16 input with a
+    float32 bias (RuntimeError, seen with torch 2.11 on an H200). Elsewhere it is plain ``net(x)``.
+    """
+    if torch.is_autocast_enabled(x.device.type) and torch._C._functorch.maybe_current_level() is not None:
+        with torch.autocast(x.device.type, enabled=False):
+            return net(x.float() if x.is_floating_point() else x)
+    return net(x)
 
 
 def _no_network(module: nn.Module) -> str:
