@@ -664,12 +664,23 @@ def test_bf16_autocast_trains_batched(tmp_path: Path) -> None:
 # ---- GPU ------------------------------------------------------------------------------------------------------------
 
 
-def _gpu_fit(root: Path, engine: str, precision: str, rounds: int) -> tuple[Federation, FedAvg]:
+def _digits_fit(
+    root: Path,
+    engine: str,
+    precision: str,
+    rounds: int,
+    name: str = "fedntd",
+    accelerator: str = "gpu",
+) -> tuple[Federation, FedAvg]:
+    """``rounds`` rounds of ``name`` on digits (5 clients, Dirichlet(1), E=2) with the given engine and precision."""
     L.seed_everything(0, verbose=False)
-    dm = FederatedDataModule("digits", num_clients=5, partition="dirichlet", alpha=1.0, batch_size=32)
-    model = METHODS["fedntd"](net="lenet", num_classes=10, in_channels=1, image_size=8, lr=0.05)
-    fed = Federation(rounds=rounds, local_epochs=2, engine=engine, plots=False)
-    trainer = bare_trainer(root, fed, accelerator="gpu", devices=1, precision=precision, max_epochs=rounds)
+    method, fed_kwargs = _case(name)
+    dm = FederatedDataModule(
+        "digits", num_clients=5, partition="dirichlet", alpha=1.0, batch_size=32, **DATA_KWARGS.get(name, {})
+    )
+    model = method(net="lenet", num_classes=10, in_channels=1, image_size=8, lr=0.05)
+    fed = Federation(rounds=rounds, local_epochs=2, engine=engine, plots=False, **fed_kwargs)
+    trainer = bare_trainer(root, fed, accelerator=accelerator, devices=1, precision=precision, max_epochs=rounds)
     trainer.fit(model, datamodule=dm)
     return fed, model
 
@@ -677,31 +688,17 @@ def _gpu_fit(root: Path, engine: str, precision: str, rounds: int) -> tuple[Fede
 @pytest.mark.gpu
 def test_gpu_auto_is_batched_and_matches_sequential(tmp_path: Path) -> None:
     """On a GPU, ``auto`` stacks; in float32 a batched round is the sequential one; bf16-mixed trains batched."""
-    _, seq_model = _gpu_fit(tmp_path / "seq", "sequential", "32-true", rounds=1)
-    auto, auto_model = _gpu_fit(tmp_path / "auto", "auto", "32-true", rounds=1)
+    _, seq_model = _digits_fit(tmp_path / "seq", "sequential", "32-true", rounds=1)
+    auto, auto_model = _digits_fit(tmp_path / "auto", "auto", "32-true", rounds=1)
     assert auto.engine_used == "batched"
     # GPU kernels of a stacked (grouped) convolution round differently from per-client ones (and TF32 may be on).
     for key, value in seq_model.state_dict().items():
         torch.testing.assert_close(auto_model.state_dict()[key], value, atol=1e-3, rtol=0)
-    seq, _ = _gpu_fit(tmp_path / "seq5", "sequential", "bf16-mixed", rounds=5)
-    bf16, _ = _gpu_fit(tmp_path / "bf16", "batched", "bf16-mixed", rounds=5)
+    seq, _ = _digits_fit(tmp_path / "seq5", "sequential", "bf16-mixed", rounds=5)
+    bf16, _ = _digits_fit(tmp_path / "bf16", "batched", "bf16-mixed", rounds=5)
     assert bf16.engine_used == "batched"
     assert bf16.history[-1]["global_acc"] > 0.7  # 0.89 on the CPU in bf16-mixed
     assert abs(bf16.history[-1]["global_acc"] - seq.history[-1]["global_acc"]) < 0.1
-
-
-def _bf16_fit(root: Path, name: str, accelerator: str) -> Federation:
-    """Six rounds of ``name`` stacked in bf16-mixed on ``accelerator``, on digits."""
-    L.seed_everything(0, verbose=False)
-    method, fed_kwargs = _case(name)
-    dm = FederatedDataModule(
-        "digits", num_clients=5, partition="dirichlet", alpha=1.0, batch_size=32, **DATA_KWARGS.get(name, {})
-    )
-    model = method(net="lenet", num_classes=10, in_channels=1, image_size=8, lr=0.05)
-    fed = Federation(rounds=6, local_epochs=2, engine="batched", plots=False, **fed_kwargs)
-    trainer = bare_trainer(root, fed, accelerator=accelerator, devices=1, precision="bf16-mixed", max_epochs=6)
-    trainer.fit(model, datamodule=dm)
-    return fed
 
 
 def test_short_batches_are_not_padded_under_autocast(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -712,7 +709,7 @@ def test_short_batches_are_not_padded_under_autocast(tmp_path: Path, monkeypatch
     run(tmp_path, "batched")  # float32: digits' short last batches join the stacked call
     assert built
     built.clear()
-    fed = _bf16_fit(tmp_path / "bf16", "fedavg", "cpu")
+    fed, _ = _digits_fit(tmp_path / "bf16", "batched", "bf16-mixed", 6, "fedavg", "cpu")
     assert fed.engine_used == "batched" and fed.status == "completed"
     assert not built
 
@@ -739,7 +736,7 @@ def test_frozen_networks_run_in_float32_inside_vmap_under_autocast() -> None:
 @pytest.mark.parametrize("name", [*METHODS, "fedavgm", "fedadam"])
 def test_every_method_trains_batched_in_bf16_on_a_gpu(tmp_path: Path, name: str) -> None:
     """Every method's loss, client state and server step run stacked under bf16 autocast on a GPU, and learn."""
-    fed = _bf16_fit(tmp_path, name, "gpu")
+    fed, _ = _digits_fit(tmp_path, "batched", "bf16-mixed", 6, name)
     assert fed.engine_used == "batched"
     assert fed.status == "completed"
     assert all(math.isfinite(row["train_loss"]) and math.isfinite(row["global_loss"]) for row in fed.history)
