@@ -12,7 +12,7 @@ The YAML::
     settings:                               # setting name -> config path template
       shard2: configs/{method}_fmnist_shard2.yaml
     overrides: ["--federation.rounds", "100"]   # extra CLI arguments for every run (optional)
-    jobs: 1                                 # runs in parallel (each gets cpu_count/jobs threads)
+    jobs: 1                                 # runs in parallel (each gets cpu_count/jobs threads, or OMP_NUM_THREADS)
     baseline: fedavg                        # the method others are compared with (default: the first)
     smooth: 0                               # > 0: also plot curves as a moving average over this many rounds
     wandb: false                            # log every fit to W&B (offline)
@@ -225,6 +225,14 @@ class Run:
         return ("reuse", "") if state == "done" else ("resume", "")
 
 
+def _threads_per_run(jobs: int) -> int:
+    """Threads for each fit: ``OMP_NUM_THREADS`` if set (two comparisons sharing the cores), else a share of them."""
+    given = os.environ.get("OMP_NUM_THREADS", "")
+    if given.isdigit() and int(given) > 0:
+        return int(given)
+    return max(1, (os.cpu_count() or 1) // jobs)
+
+
 def _command(spec: CompareSpec, run: Run, resume: bool, overwrite: bool = False) -> list[str]:
     cmd = [sys.executable, "-m", "fl_lightning.cli", *_fit_args(spec, run)]
     if spec.wandb:
@@ -300,7 +308,7 @@ def run_comparison(spec: CompareSpec, dry_run: bool = False, report_only: bool =
                     f"to {r.run_dir.name}.replaced-<time>",
                     flush=True,
                 )
-    threads = max(1, (os.cpu_count() or 1) // spec.jobs)
+    threads = _threads_per_run(spec.jobs)
     started = time.time()
     finished = 0
     fits: set[subprocess.Popen] = set()  # the fits running now, stopped with the comparison on Ctrl-C

@@ -6,6 +6,7 @@
 #   bash scripts/paper_tables.sh fmnist_ntd_3seeds fmnist_lda005_3seeds
 #   bash scripts/paper_tables.sh --archive-only  # no runs: archive, reports, claims
 #   bash scripts/paper_tables.sh --carry ...     # also keep unfinished runs (with their checkpoints) in results/
+#   JOBS=1 OMP_NUM_THREADS=1 bash scripts/paper_tables.sh T  # one run at a time, one thread (two tables side by side)
 #
 # Each comparison reuses finished runs and resumes interrupted ones, so stop it (Ctrl-C, or SIGTERM when it runs in the
 # background) and start it again at will. In a fresh clone, where runs/ is empty, the runs archived under results/ are
@@ -83,7 +84,7 @@ status=0
 for t in "${tables[@]}"; do
   restore "$t"
   if ! $archive_only; then
-    "$PY" cli.py compare --config "configs/compare/$t.yaml" || status=$?
+    "$PY" cli.py compare --config "configs/compare/$t.yaml" ${JOBS:+--jobs "$JOBS"} || status=$?
   fi
   archive "$t"
   ! $carry || carry_unfinished "$t"

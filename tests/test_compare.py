@@ -261,3 +261,18 @@ def test_sigterm_stops_the_comparison_and_its_fits(spec_file, tmp_path):
     finally:  # leave no orphan behind when the test fails
         subprocess.run(["pkill", "-KILL", "-f", f"default_root_dir {out}"])
     assert [read_summary(m.parent)["status"] for m in metrics] == ["interrupted", "interrupted"]
+
+
+@pytest.mark.parametrize(
+    ("given", "jobs", "expected"), [(None, 1, 4), (None, 2, 2), (None, 8, 1), ("1", 1, 1), ("3", 2, 3)]
+)
+def test_each_fit_gets_a_share_of_the_cores_unless_omp_num_threads_is_set(monkeypatch, given, jobs, expected):
+    # Two comparisons side by side (JOBS=1 OMP_NUM_THREADS=1 scripts/paper_tables.sh) must not each take every core.
+    from fl_lightning.compare import _threads_per_run
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    if given is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", given)
+    assert _threads_per_run(jobs) == expected
