@@ -709,7 +709,7 @@ def test_short_batches_are_not_padded_under_autocast(tmp_path: Path, monkeypatch
     run(tmp_path, "batched")  # float32: digits' short last batches join the stacked call
     assert built
     built.clear()
-    fed, _ = _digits_fit(tmp_path / "bf16", "batched", "bf16-mixed", 6, "fedavg", "cpu")
+    fed, _ = _digits_fit(tmp_path / "bf16", "batched", "bf16-mixed", rounds=6, name="fedavg", accelerator="cpu")
     assert fed.engine_used == "batched" and fed.status == "completed"
     assert not built
 
@@ -736,7 +736,7 @@ def test_frozen_networks_run_in_float32_inside_vmap_under_autocast() -> None:
 @pytest.mark.parametrize("name", [*METHODS, "fedavgm", "fedadam"])
 def test_every_method_trains_batched_in_bf16_on_a_gpu(tmp_path: Path, name: str) -> None:
     """Every method's loss, client state and server step run stacked under bf16 autocast on a GPU, and learn."""
-    fed, _ = _digits_fit(tmp_path, "batched", "bf16-mixed", 6, name)
+    fed, _ = _digits_fit(tmp_path, "batched", "bf16-mixed", rounds=6, name=name)
     assert fed.engine_used == "batched"
     assert fed.status == "completed"
     assert all(math.isfinite(row["train_loss"]) and math.isfinite(row["global_loss"]) for row in fed.history)

@@ -15,7 +15,7 @@ import yaml
 from helpers import read_metrics, read_summary
 
 from fl_lightning.cli import cli_main
-from fl_lightning.compare import CompareSpec, main, run_comparison
+from fl_lightning.compare import CompareSpec, _threads_per_run, main, run_comparison
 
 ROOT = Path(__file__).resolve().parent.parent
 CLASSES = {"fedavg": "fl_lightning.FedAvg", "fedntd": "fl_lightning.methods.FedNTD"}
@@ -268,8 +268,6 @@ def test_sigterm_stops_the_comparison_and_its_fits(spec_file, tmp_path):
 )
 def test_each_fit_gets_a_share_of_the_cores_unless_omp_num_threads_is_set(monkeypatch, given, jobs, expected):
     # Two comparisons side by side (JOBS=1 OMP_NUM_THREADS=1 scripts/paper_tables.sh) must not each take every core.
-    from fl_lightning.compare import _threads_per_run
-
     monkeypatch.setattr(os, "cpu_count", lambda: 4)
     if given is None:
         monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
