@@ -17,6 +17,10 @@ The YAML::
     smooth: 0                               # > 0: also plot curves as a moving average over this many rounds
     wandb: false                            # log every fit to W&B (offline)
     notes: ["why a run diverged, ..."]      # lines written under the report's tables (optional)
+    published:                              # a source's numbers, set beside ours in the report (optional)
+      source: "NIID-Bench (Li et al., ICDE 2022): mean ± std over 3 runs."
+      metric: best_acc                      # best_acc, final_acc or last10_acc
+      values: {shard2: {fedavg: [78.10, 2.51], fedntd: 80.2}}   # setting -> method -> [mean, std] or mean (%)
 
 A finished run is reused, and an interrupted one resumed, only when its saved ``config.yaml`` matches what the YAML
 asks for now; otherwise it is run again with ``--overwrite`` (the old run is moved to ``<dir>.replaced-<time>``).
@@ -42,7 +46,7 @@ import yaml
 
 from fl_lightning import shipped_configs
 from fl_lightning.lightning_cli import resolve_config
-from fl_lightning.report import write_report
+from fl_lightning.report import Published, write_report
 from fl_lightning.rundir import (
     RunDirError,
     claim_run_dir,
@@ -66,6 +70,7 @@ _KEYS = {
     "wandb",
     "smooth",
     "notes",
+    "published",
 }
 
 
@@ -78,6 +83,36 @@ def _as_list(value: object, key: str, path: str | Path, allow_empty: bool = Fals
     if not value and not allow_empty:
         raise ValueError(f"{path}: {key} is empty; list at least one")
     return value
+
+
+def _published(raw: object, spec: CompareSpec, path: str | Path) -> Published:
+    """The YAML's ``published`` block, every setting and method in it checked against the comparison's."""
+    example = "published: {source: '...', metric: best_acc, values: {<setting>: {<method>: [mean, std]}}}"
+    if not isinstance(raw, dict) or not isinstance(raw.get("values"), dict) or not raw.get("source"):
+        raise ValueError(f"{path}: published needs a source and values, e.g. {example}")
+    unknown = sorted(set(raw) - {"source", "metric", "values"})
+    if unknown:
+        raise ValueError(f"{path}: published: unknown key(s) {unknown}; the keys are source, metric, values")
+    values: dict[tuple[str, str], tuple[float, float | None]] = {}
+    for setting, by_method in raw["values"].items():
+        if str(setting) not in spec.settings:
+            raise ValueError(f"{path}: published: {setting!r} is not one of the settings {sorted(spec.settings)}")
+        if not isinstance(by_method, dict):
+            raise ValueError(f"{path}: published: {setting}: map each method to [mean, std] or a mean, e.g. {example}")
+        for method, number in by_method.items():
+            if str(method) not in spec.methods:
+                raise ValueError(f"{path}: published: {method!r} is not one of the methods {spec.methods}")
+            pair = number if isinstance(number, list) else [number]
+            ok = len(pair) in (1, 2) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in pair)
+            if not ok or (len(pair) == 2 and pair[1] < 0):
+                raise ValueError(
+                    f"{path}: published: {setting}/{method} is {number!r}; give [mean, std] (std >= 0) or a mean, in %"
+                )
+            values[(str(setting), str(method))] = (float(pair[0]), float(pair[1]) if len(pair) == 2 else None)
+    try:
+        return Published(source=str(raw["source"]), metric=str(raw.get("metric", "best_acc")), values=values)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
 
 
 def _as_int(value: object, path: str | Path, key: str = "seeds") -> int:
@@ -101,6 +136,7 @@ class CompareSpec:
     wandb: bool = False
     smooth: int = 0
     notes: list[str] = field(default_factory=list)
+    published: Published | None = None
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> CompareSpec:
@@ -127,6 +163,8 @@ class CompareSpec:
             smooth=_as_int(raw.get("smooth", 0), path, "smooth"),
             notes=[str(n) for n in _as_list(raw.get("notes") or [], "notes", path, allow_empty=True)],
         )
+        if raw.get("published") is not None:
+            spec.published = _published(raw["published"], spec, path)
         spec.baseline = str(spec.baseline) if spec.baseline is not None else spec.methods[0]
         if spec.jobs < 1:
             raise ValueError(f"{path}: jobs must be at least 1")
@@ -383,6 +421,7 @@ def run_comparison(spec: CompareSpec, dry_run: bool = False, report_only: bool =
         spec.baseline,
         smooth=spec.smooth,
         notes=spec.notes,
+        published=spec.published,
     )
     if spec.wandb and not dry_run:
         _log_report_to_wandb(spec, report_dir)

@@ -8,7 +8,8 @@ import json
 import math
 import shutil
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -397,6 +398,50 @@ def _paired_rows(summary: list[dict[str, Any]], baseline: str) -> tuple[list[str
     return header, rows
 
 
+#: The summary columns a published number can be set beside, and their names in the tables.
+PUBLISHED_METRICS: dict[str, str] = {"best_acc": "best acc", "final_acc": "final acc", "last10_acc": "last-10 acc"}
+
+
+@dataclass(frozen=True)
+class Published:
+    """Accuracies a paper or benchmark published for some (setting, method) cells, in percent, to set beside ours.
+
+    ``values[(setting, method)] = (mean, std)``; ``std`` is ``None`` where the source gives a single number.
+    """
+
+    source: str
+    metric: str = "best_acc"
+    values: Mapping[tuple[str, str], tuple[float, float | None]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.metric not in PUBLISHED_METRICS:
+            raise ValueError(f"published metric {self.metric!r}: choose one of {sorted(PUBLISHED_METRICS)}")
+
+
+def _published_rows(summary: list[dict[str, Any]], published: Published) -> tuple[list[str], list[list[str]]]:
+    """Header and rows setting each published number beside ours: the gap in points and in published stds.
+
+    A row for every (setting, method) of a method the source publishes anywhere ("–" where it gives no number).
+    """
+    label = PUBLISHED_METRICS[published.metric]
+    header = ["setting", "method", "published (%)", f"fl_lightning {label} (%)", "difference (pp)", "in published stds"]
+    methods = {method for _setting, method in published.values}
+    rows = []
+    for s in summary:
+        if s["method"] not in methods:
+            continue
+        ours = [100.0 * v for v in s[published.metric]]
+        mean, std = published.values.get((s["setting"], s["method"]), (None, None))
+        shown = "–" if mean is None else f"{mean:.2f}" + ("" if std is None else f" ± {std:.2f}")
+        gap = sds = "–"
+        if mean is not None and ours:
+            diff = float(np.mean(ours)) - mean
+            gap = f"{diff + 0.0:+.2f}"
+            sds = f"{diff / std + 0.0:+.1f}" if std else "–"
+        rows.append([s["setting"], s["method"], shown, fmt(s[published.metric]) if ours else "–", gap, sds])
+    return header, rows
+
+
 def _markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
     """A Markdown table's lines."""
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
@@ -438,9 +483,14 @@ def _header_lines(title: str, baseline: str, summary: list[dict[str, Any]]) -> l
 
 
 def write_tables(
-    summary: list[dict[str, Any]], out_dir: Path, title: str, baseline: str, notes: Sequence[str] = ()
+    summary: list[dict[str, Any]],
+    out_dir: Path,
+    title: str,
+    baseline: str,
+    notes: Sequence[str] = (),
+    published: Published | None = None,
 ) -> tuple[Path, Path]:
-    """``results.md`` (the main table, the paired-by-seed table, then ``notes``) and ``results.csv`` (the main one)."""
+    """``results.md`` (main table, paired-by-seed table, published numbers, notes) and ``results.csv`` (main table)."""
     header, rows = _table_rows(summary, baseline)
     md = _header_lines(title, baseline, summary) + _markdown_table(header, rows)
     paired_header, paired = _paired_rows(summary, baseline)
@@ -453,6 +503,18 @@ def write_tables(
             f"(seeds the method beats {baseline} on / those seeds).",
             "",
             *_markdown_table(paired_header, paired),
+        ]
+    if published is not None and published.values:
+        label = PUBLISHED_METRICS[published.metric]
+        md += [
+            "",
+            "## Against the published numbers",
+            "",
+            f"{' '.join(published.source.split())} Set beside fl_lightning's {label} (mean ± std over its "
+            "completed seeds); difference = fl_lightning's mean − the published mean, also in units of the "
+            "published std.",
+            "",
+            *_markdown_table(*_published_rows(summary, published)),
         ]
     if notes:
         md += ["", "## Notes", "", *(f"- {' '.join(note.split())}" for note in notes)]
@@ -597,11 +659,12 @@ def write_report(
     baseline: str,
     smooth: int = 0,
     notes: Sequence[str] = (),
+    published: Published | None = None,
 ) -> Path:
     """Tables and plots of a comparison into ``output_dir/report``; ``smooth > 1`` adds moving-average curves.
 
-    Tables: ``results.md`` (mean ± std, then paired by seed, then the comparison's ``notes``), ``results.csv`` and
-    ``per_seed.csv``.
+    Tables: ``results.md`` (mean ± std, then paired by seed, then the ``published`` numbers beside ours, then the
+    comparison's ``notes``), ``results.csv`` and ``per_seed.csv``.
     """
     out = Path(output_dir) / "report"
     out.mkdir(parents=True, exist_ok=True)
@@ -614,7 +677,7 @@ def write_report(
     if unstarted:
         groups = ", ".join(dict.fromkeys(f"{r['setting']}/{r['method']}" for r in unstarted))
         notes = [f"Not run yet ({len(unstarted)} of {len(runs)} runs, left out of the tables): {groups}.", *notes]
-    write_tables(summary, out, f"{name} (baseline: {baseline})", baseline, notes)
+    write_tables(summary, out, f"{name} (baseline: {baseline})", baseline, notes, published)
     write_per_seed(per_seed_results(loaded, baseline), out)
     for setting in dict.fromkeys(s for s, method, *_ in runs if (s, method) in started):
         plot_curves(runs, setting, out / f"curves_{setting}.png")

@@ -195,6 +195,37 @@ def test_notes_are_read_as_lines(spec_file):
         CompareSpec.from_yaml(spec_file)
 
 
+@pytest.mark.parametrize(
+    "values, error",
+    [
+        ({"digits": {"fedavg": [78.1, 2.51], "fedntd": 80.2}}, None),
+        ({"nope": {"fedavg": 78.1}}, "'nope' is not one of the settings"),
+        ({"digits": {"fedprox": 78.1}}, "'fedprox' is not one of the methods"),
+        ({"digits": {"fedavg": [78.1, -1.0]}}, "give \\[mean, std\\]"),
+        ({"digits": {"fedavg": "78.1 ± 2.5"}}, "give \\[mean, std\\]"),
+        ({"digits": [78.1]}, "map each method"),
+    ],
+)
+def test_published_numbers_are_checked_against_the_comparison(spec_file, values, error):
+    spec = yaml.safe_load(spec_file.read_text())
+    spec_file.write_text(yaml.safe_dump({**spec, "published": {"source": "A paper.", "values": values}}))
+    if error is not None:
+        with pytest.raises(ValueError, match=error):
+            CompareSpec.from_yaml(spec_file)
+        return
+    published = CompareSpec.from_yaml(spec_file).published
+    assert published.metric == "best_acc" and published.source == "A paper."
+    assert published.values == {("digits", "fedavg"): (78.1, 2.51), ("digits", "fedntd"): (80.2, None)}
+    for bad, match in [
+        ({"values": values}, "needs a source"),
+        ({"source": "A paper.", "values": values, "metric": "acc"}, "choose one of"),
+        ({"source": "A paper.", "values": values, "table": 3}, "unknown key"),
+    ]:
+        spec_file.write_text(yaml.safe_dump({**spec, "published": bad}))
+        with pytest.raises(ValueError, match=match):
+            CompareSpec.from_yaml(spec_file)
+
+
 def test_output_dir_overrides_the_yamls(spec_file, tmp_path, capsys):
     elsewhere = tmp_path / "archived"
     assert main(["--config", str(spec_file), "--report-only", "--output-dir", str(elsewhere)]) == 0

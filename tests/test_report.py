@@ -9,7 +9,15 @@ import pytest
 import torch
 
 from fl_lightning.metrics import forgetting, forgetting_degree, rounds_to_target
-from fl_lightning.report import PER_SEED_COLUMNS, fmt, fmt_delta, mean_std, summarize, write_report
+from fl_lightning.report import (
+    PER_SEED_COLUMNS,
+    Published,
+    fmt,
+    fmt_delta,
+    mean_std,
+    summarize,
+    write_report,
+)
 
 
 def test_forgetting_hand_made():
@@ -295,6 +303,25 @@ def test_report_says_where_runs_trained_and_adds_the_notes(comparison):
     assert "cuda (NVIDIA H100), batched engine, bf16-mixed (1 run)" in where
     assert "device not recorded, sequential engine, ? (4 runs)" in where  # summaries written before `device`
     assert md.endswith("## Notes\n\n- broken diverged: its loss blows up\n- a second note\n")
+
+
+def test_published_numbers_sit_beside_ours_with_the_gap_in_stds(comparison):
+    tmp_path, runs = comparison
+    published = Published(
+        source="Bench, Table 3.",
+        metric="best_acc",
+        values={("s", "fedavg"): (50.0, 4.0), ("s", "fedntd"): (80.0, None)},
+    )
+    md = (write_report("demo", tmp_path, runs, "fedavg", published=published) / "results.md").read_text()
+    section = md.split("## Against the published numbers")[1]
+    assert "Bench, Table 3. Set beside fl_lightning's best acc" in section
+    # fedavg's best accuracies are 0.6 and 0.6: +10 points over 50 ± 4, 2.5 stds; fedntd's 0.8 and 0.7 have no std
+    assert "| s | fedavg | 50.00 ± 4.00 | 60.00 ± 0.00 | +10.00 | +2.5 |" in section
+    assert "| s | fedntd | 80.00 | 75.00 ± 7.07 | -5.00 | – |" in section
+    assert "broken" not in section  # a method the source gives no number for anywhere
+    with pytest.raises(ValueError, match="choose one of"):
+        Published(source="x", metric="accuracy")
+    assert "Against the published" not in (write_report("demo", tmp_path, runs, "fedavg") / "results.md").read_text()
 
 
 def test_device_label():
