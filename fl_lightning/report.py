@@ -400,6 +400,19 @@ def _paired_rows(summary: list[dict[str, Any]], baseline: str) -> tuple[list[str
 
 #: The summary columns a published number can be set beside, and their names in the tables.
 PUBLISHED_METRICS: dict[str, str] = {"best_acc": "best acc", "final_acc": "final acc", "last10_acc": "last-10 acc"}
+#: ``published.csv``'s columns (percent), one row per (setting, method): see :func:`published_comparison`.
+PUBLISHED_COLUMNS: tuple[str, ...] = (
+    "setting",
+    "method",
+    "metric",
+    "published_mean",
+    "published_std",
+    "mean",
+    "std",
+    "seeds",
+    "difference",
+    "in_stds",
+)
 
 
 @dataclass(frozen=True)
@@ -418,13 +431,13 @@ class Published:
             raise ValueError(f"published metric {self.metric!r}: choose one of {sorted(PUBLISHED_METRICS)}")
 
 
-def _published_rows(summary: list[dict[str, Any]], published: Published) -> tuple[list[str], list[list[str]]]:
-    """Header and rows setting each published number beside ours: the gap in points and in published stds.
+def published_comparison(summary: list[dict[str, Any]], published: Published) -> list[dict[str, Any]]:
+    """Each published number beside ours, in percent (the rows of ``published.csv``).
 
-    A row for every (setting, method) of a method the source publishes anywhere ("–" where it gives no number).
+    A row for every (setting, method) of a method the source gives a number for anywhere (``published_mean`` is
+    ``None`` where it gives none for that setting); ``difference`` = our mean − the published mean, ``in_stds`` =
+    that over the published std.
     """
-    label = PUBLISHED_METRICS[published.metric]
-    header = ["setting", "method", "published (%)", f"fl_lightning {label} (%)", "difference (pp)", "in published stds"]
     methods = {method for _setting, method in published.values}
     rows = []
     for s in summary:
@@ -432,13 +445,37 @@ def _published_rows(summary: list[dict[str, Any]], published: Published) -> tupl
             continue
         ours = [100.0 * v for v in s[published.metric]]
         mean, std = published.values.get((s["setting"], s["method"]), (None, None))
+        ours_mean, ours_std = mean_std(ours) if ours else (None, None)
+        diff = ours_mean - mean if mean is not None and ours_mean is not None else None
+        rows.append(
+            {
+                "setting": s["setting"],
+                "method": s["method"],
+                "metric": published.metric,
+                "published_mean": mean,
+                "published_std": std,
+                "mean": ours_mean,
+                "std": ours_std,
+                "seeds": len(ours),
+                "difference": diff,
+                "in_stds": diff / std if diff is not None and std else None,
+            }
+        )
+    return rows
+
+
+def _published_rows(summary: list[dict[str, Any]], published: Published) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the Markdown table of :func:`published_comparison`."""
+    label = PUBLISHED_METRICS[published.metric]
+    header = ["setting", "method", "published (%)", f"fl_lightning {label} (%)", "difference (pp)", "in published stds"]
+    rows = []
+    for r in published_comparison(summary, published):
+        mean, std = r["published_mean"], r["published_std"]
         shown = "–" if mean is None else f"{mean:.2f}" + ("" if std is None else f" ± {std:.2f}")
-        gap = sds = "–"
-        if mean is not None and ours:
-            diff = float(np.mean(ours)) - mean
-            gap = f"{diff + 0.0:+.2f}"
-            sds = f"{diff / std + 0.0:+.1f}" if std else "–"
-        rows.append([s["setting"], s["method"], shown, fmt(s[published.metric]) if ours else "–", gap, sds])
+        ours = "–" if not r["seeds"] else f"{r['mean']:.2f}" + ("" if r["seeds"] == 1 else f" ± {r['std']:.2f}")
+        gap = "–" if r["difference"] is None else f"{r['difference'] + 0.0:+.2f}"
+        sds = "–" if r["in_stds"] is None else f"{r['in_stds'] + 0.0:+.1f}"
+        rows.append([r["setting"], r["method"], shown, ours, gap, sds])
     return header, rows
 
 
@@ -664,7 +701,7 @@ def write_report(
     """Tables and plots of a comparison into ``output_dir/report``; ``smooth > 1`` adds moving-average curves.
 
     Tables: ``results.md`` (mean ± std, then paired by seed, then the ``published`` numbers beside ours, then the
-    comparison's ``notes``), ``results.csv`` and ``per_seed.csv``.
+    comparison's ``notes``), ``results.csv``, ``per_seed.csv`` and, with ``published``, ``published.csv``.
     """
     out = Path(output_dir) / "report"
     out.mkdir(parents=True, exist_ok=True)
@@ -679,6 +716,11 @@ def write_report(
         notes = [f"Not run yet ({len(unstarted)} of {len(runs)} runs, left out of the tables): {groups}.", *notes]
     write_tables(summary, out, f"{name} (baseline: {baseline})", baseline, notes, published)
     write_per_seed(per_seed_results(loaded, baseline), out)
+    if published is not None and published.values:
+        rows = [[_csv_cell(r[c]) for c in PUBLISHED_COLUMNS] for r in published_comparison(summary, published)]
+        write_text_atomic(out / "published.csv", _csv_text(PUBLISHED_COLUMNS, rows))
+    else:  # never a stale one from an earlier version of the YAML
+        (out / "published.csv").unlink(missing_ok=True)
     for setting in dict.fromkeys(s for s, method, *_ in runs if (s, method) in started):
         plot_curves(runs, setting, out / f"curves_{setting}.png")
         if smooth > 1:

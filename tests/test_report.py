@@ -319,9 +319,15 @@ def test_published_numbers_sit_beside_ours_with_the_gap_in_stds(comparison):
     assert "| s | fedavg | 50.00 ± 4.00 | 60.00 ± 0.00 | +10.00 | +2.5 |" in section
     assert "| s | fedntd | 80.00 | 75.00 ± 7.07 | -5.00 | – |" in section
     assert "broken" not in section  # a method the source gives no number for anywhere
+    with open(tmp_path / "report" / "published.csv") as f:
+        rows = {r["method"]: r for r in csv.DictReader(f)}
+    assert set(rows) == {"fedavg", "fedntd"}
+    assert rows["fedavg"]["difference"] == "10.0" and rows["fedavg"]["in_stds"] == "2.5"
+    assert rows["fedntd"]["published_std"] == "" and rows["fedntd"]["seeds"] == "2"
     with pytest.raises(ValueError, match="choose one of"):
         Published(source="x", metric="accuracy")
     assert "Against the published" not in (write_report("demo", tmp_path, runs, "fedavg") / "results.md").read_text()
+    assert not (tmp_path / "report" / "published.csv").exists()
 
 
 def test_device_label():
