@@ -12,7 +12,7 @@
 # background) and start it again at will. In a fresh clone, where runs/ is empty, the runs archived under results/ are
 # copied back into runs/compare/ first, so they are reused rather than run again; so are the unfinished runs that
 # --carry kept under results/unfinished/ (for a run too long for one machine session: commit them, and the next clone
-# resumes them). fmnist_fedka_setting is left out by default: its t-CNN takes 12-14 hours a run on one CPU core;
+# resumes them). fmnist_fedka_setting is left out by default: its t-CNN takes 13-15 hours a run on one CPU core;
 # name it to run it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
