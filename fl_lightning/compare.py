@@ -88,7 +88,8 @@ def _as_list(value: object, key: str, path: str | Path, allow_empty: bool = Fals
 def _published(raw: object, spec: CompareSpec, path: str | Path) -> Published:
     """The YAML's ``published`` block, every setting and method in it checked against the comparison's."""
     example = "published: {source: '...', metric: best_acc, values: {<setting>: {<method>: [mean, std]}}}"
-    if not isinstance(raw, dict) or not isinstance(raw.get("values"), dict) or not raw.get("source"):
+    values_given = isinstance(raw, dict) and isinstance(raw.get("values"), dict) and raw["values"]
+    if not values_given or not raw.get("source"):
         raise ValueError(f"{path}: published needs a source and values, e.g. {example}")
     unknown = sorted(set(raw) - {"source", "metric", "values"})
     if unknown:

@@ -60,7 +60,12 @@ def fmt(values: Sequence[float], scale: float = 100.0, digits: int = 2) -> str:
     if not values:
         return "–"
     mean, std = mean_std([v * scale for v in values])
-    return f"{mean:.{digits}f}" if len(values) == 1 else f"{mean:.{digits}f} ± {std:.{digits}f}"
+    return fmt_mean_std(mean, std if len(values) > 1 else None, digits)
+
+
+def fmt_mean_std(mean: float, std: float | None, digits: int = 2) -> str:
+    """``mean ± std``, or the mean alone where there is no std."""
+    return f"{mean:.{digits}f}" if std is None else f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
 #: Rounds-to-target definitions: name -> (the baseline run's accuracy that is the target, the paper that defines it).
@@ -464,15 +469,15 @@ def published_comparison(summary: list[dict[str, Any]], published: Published) ->
     return rows
 
 
-def _published_rows(summary: list[dict[str, Any]], published: Published) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the Markdown table of :func:`published_comparison`."""
-    label = PUBLISHED_METRICS[published.metric]
+def _published_rows(compared: list[dict[str, Any]], metric: str) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the Markdown table of :func:`published_comparison`'s rows."""
+    label = PUBLISHED_METRICS[metric]
     header = ["setting", "method", "published (%)", f"fl_lightning {label} (%)", "difference (pp)", "in published stds"]
     rows = []
-    for r in published_comparison(summary, published):
-        mean, std = r["published_mean"], r["published_std"]
-        shown = "–" if mean is None else f"{mean:.2f}" + ("" if std is None else f" ± {std:.2f}")
-        ours = "–" if not r["seeds"] else f"{r['mean']:.2f}" + ("" if r["seeds"] == 1 else f" ± {r['std']:.2f}")
+    for r in compared:
+        mean = r["published_mean"]
+        shown = "–" if mean is None else fmt_mean_std(mean, r["published_std"])
+        ours = "–" if not r["seeds"] else fmt_mean_std(r["mean"], r["std"] if r["seeds"] > 1 else None)
         gap = "–" if r["difference"] is None else f"{r['difference'] + 0.0:+.2f}"
         sds = "–" if r["in_stds"] is None else f"{r['in_stds'] + 0.0:+.1f}"
         rows.append([r["setting"], r["method"], shown, ours, gap, sds])
@@ -527,7 +532,11 @@ def write_tables(
     notes: Sequence[str] = (),
     published: Published | None = None,
 ) -> tuple[Path, Path]:
-    """``results.md`` (main table, paired-by-seed table, published numbers, notes) and ``results.csv`` (main table)."""
+    """``results.md``, ``results.csv`` and, with ``published``, ``published.csv``.
+
+    ``results.md``: the main table, the paired-by-seed table, the published numbers beside ours, then ``notes``;
+    ``results.csv``: the main table.
+    """
     header, rows = _table_rows(summary, baseline)
     md = _header_lines(title, baseline, summary) + _markdown_table(header, rows)
     paired_header, paired = _paired_rows(summary, baseline)
@@ -541,7 +550,8 @@ def write_tables(
             "",
             *_markdown_table(paired_header, paired),
         ]
-    if published is not None and published.values:
+    compared = published_comparison(summary, published) if published is not None and published.values else None
+    if compared is not None:
         label = PUBLISHED_METRICS[published.metric]
         md += [
             "",
@@ -551,13 +561,18 @@ def write_tables(
             "completed seeds); difference = fl_lightning's mean − the published mean, also in units of the "
             "published std.",
             "",
-            *_markdown_table(*_published_rows(summary, published)),
+            *_markdown_table(*_published_rows(compared, published.metric)),
         ]
     if notes:
         md += ["", "## Notes", "", *(f"- {' '.join(note.split())}" for note in notes)]
     # Whole files, under temporaries unique to this process: comparisons sharing an output folder never collide.
     write_text_atomic(out_dir / "results.md", "\n".join(md) + "\n")
     write_text_atomic(out_dir / "results.csv", _csv_text(header, rows))
+    if compared is not None:
+        rows = [[_csv_cell(r[c]) for c in PUBLISHED_COLUMNS] for r in compared]
+        write_text_atomic(out_dir / "published.csv", _csv_text(PUBLISHED_COLUMNS, rows))
+    else:  # never a stale one from an earlier version of the YAML
+        (out_dir / "published.csv").unlink(missing_ok=True)
     return out_dir / "results.md", out_dir / "results.csv"
 
 
@@ -716,11 +731,6 @@ def write_report(
         notes = [f"Not run yet ({len(unstarted)} of {len(runs)} runs, left out of the tables): {groups}.", *notes]
     write_tables(summary, out, f"{name} (baseline: {baseline})", baseline, notes, published)
     write_per_seed(per_seed_results(loaded, baseline), out)
-    if published is not None and published.values:
-        rows = [[_csv_cell(r[c]) for c in PUBLISHED_COLUMNS] for r in published_comparison(summary, published)]
-        write_text_atomic(out / "published.csv", _csv_text(PUBLISHED_COLUMNS, rows))
-    else:  # never a stale one from an earlier version of the YAML
-        (out / "published.csv").unlink(missing_ok=True)
     for setting in dict.fromkeys(s for s, method, *_ in runs if (s, method) in started):
         plot_curves(runs, setting, out / f"curves_{setting}.png")
         if smooth > 1:

@@ -218,6 +218,7 @@ def test_published_numbers_are_checked_against_the_comparison(spec_file, values,
     assert published.values == {("digits", "fedavg"): (78.1, 2.51), ("digits", "fedntd"): (80.2, None)}
     for bad, match in [
         ({"values": values}, "needs a source"),
+        ({"source": "A paper.", "values": {}}, "needs a source and values"),
         ({"source": "A paper.", "values": values, "metric": "acc"}, "choose one of"),
         ({"source": "A paper.", "values": values, "table": 3}, "unknown key"),
     ]:
