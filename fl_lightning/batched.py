@@ -10,8 +10,9 @@ last batch is padded to the full batch with weight-0 samples where the loss is a
 
 What a method computes per client in ``on_client_start`` and reads in ``client_loss`` is named in its
 :attr:`~fl_lightning.module.FederatedHooks.client_attributes`; the engine stacks those attributes over the group and
-binds each client's slice while its loss runs. Clients whose attributes differ in structure (FedKA's anchor sets of
-different sizes, FedDyn's first-time clients without ``h_k``) are stacked separately.
+binds each client's slice while its loss runs. Clients whose attributes differ in structure (FedDyn's first-time
+clients without ``h_k``) are stacked separately, unless the method's ``align_client_attributes`` makes them one
+structure exactly (FedKA pads its anchor sets of different sizes and weights the padding 0).
 
 :class:`BatchedClients` is the executor the :class:`~fl_lightning.Federation` callback uses with
 ``engine="batched"``; :func:`train_stacked` is the engine itself, usable without a Trainer.
@@ -37,7 +38,7 @@ from fl_lightning.data import ClientBatches, ClientGroup, FederatedDataModule
 from fl_lightning.distributed import to_device
 from fl_lightning.evaluation import Evaluation
 from fl_lightning.executor import SequentialClients
-from fl_lightning.module import FedAvg, FederatedHooks
+from fl_lightning.module import FedAvg, FederatedHooks, has_batch_norm
 from fl_lightning.rounds import RoundState, round_seed, seed_torch
 from fl_lightning.state import ClientStateStore
 
@@ -358,7 +359,7 @@ def pads_short_batches(module: FedAvg) -> bool:
     owner = next(c for c in type(module).__mro__ if "client_loss" in c.__dict__)
     if not owner.__dict__.get("sample_mean_loss", False):
         return False
-    return not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules())
+    return not has_batch_norm(module)
 
 
 def _sample_weighted(
@@ -810,8 +811,18 @@ class BatchedClients(SequentialClients):
                     iter(source), ctx.steps, attrs, rng, source if isinstance(source, ClientBatches) else None
                 )
             )
-            stacks.setdefault(_structure(attrs), []).append(i)
         module.client = None  # a loss that reads self.client in the batched engine fails loudly
+        aligned = module.align_client_attributes([member.attributes for member in members])
+        if len(aligned) != len(members) or any(
+            set(a) != set(m.attributes) for a, m in zip(aligned, members, strict=True)
+        ):
+            raise NotBatchable(
+                f"{type(module).__name__}.align_client_attributes must return one dict per client with the keys of "
+                "client_attributes"
+            )
+        for i, (member, attrs) in enumerate(zip(members, aligned, strict=True)):
+            member.attributes = attrs
+            stacks.setdefault(_structure(attrs), []).append(i)
         opt = module.optimizers()
         template = module.state_dict()
         losses = []

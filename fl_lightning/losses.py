@@ -396,7 +396,9 @@ def ka_class_groups(class_counts: Tensor, gamma: float) -> tuple[Tensor, Tensor,
     return missing, ~missing & ~dominant, dominant
 
 
-def ka_loss(anchor_logits: Tensor, anchor_teacher_logits: Tensor, dominant: Tensor) -> Tensor:
+def ka_loss(
+    anchor_logits: Tensor, anchor_teacher_logits: Tensor, dominant: Tensor, anchor_weight: Tensor | None = None
+) -> Tensor:
     """FedKA's knowledge-anchor loss (Chen et al., arXiv:2312.02416, Definition 2, Algorithm 1).
 
     L_KA = (1/|T|) · Σ_{x∈T} ‖Φ(z_g(x), C_d) − Φ(z(x), C_d)‖², where Φ drops the logits of the dominant classes
@@ -406,12 +408,16 @@ def ka_loss(anchor_logits: Tensor, anchor_teacher_logits: Tensor, dominant: Tens
         anchor_logits: Local-model logits on the anchor set, ``[|T|, C]``.
         anchor_teacher_logits: Global-model logits on the anchor set, ``[|T|, C]`` (detached).
         dominant: The client's dominant classes, bool ``[C]``.
+        anchor_weight: 1 for the rows of T, 0 for padding rows, ``[rows]`` (an anchor set padded to a common size,
+            as the batched engine stacks clients); the loss is then Σ w_x·‖·‖² / Σ w_x, the same L_KA.
 
     Returns:
         The float32 scalar loss.
 
     >>> z, zg = torch.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]]), torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
     >>> float(ka_loss(z, zg, torch.tensor([False, True, False])))  # row 1: 0 + 3² = 9; row 2: 1 + 1 = 2; mean
+    5.5
+    >>> float(ka_loss(z[[0, 1, 0]], zg[[0, 1, 0]], torch.tensor([False, True, False]), torch.tensor([1.0, 1.0, 0.0])))
     5.5
     """
     z = anchor_logits.float()
@@ -420,7 +426,11 @@ def ka_loss(anchor_logits: Tensor, anchor_teacher_logits: Tensor, dominant: Tens
     keep = ~dominant.to(device=z.device, dtype=torch.bool)[None, :]
     diff = anchor_teacher_logits.detach().float() - z
     diff = torch.where(keep, diff, torch.zeros_like(diff))
-    return diff.pow(2).sum(dim=1).mean()
+    per_anchor = diff.pow(2).sum(dim=1)
+    if anchor_weight is None:
+        return per_anchor.mean()
+    weight = anchor_weight.to(per_anchor)
+    return (per_anchor * weight).sum() / weight.sum().clamp_min(1.0)
 
 
 def prox_term(params: Sequence[Tensor], global_params: Sequence[Tensor]) -> Tensor:

@@ -7,7 +7,7 @@ See ``METHODS.md`` (shared with the project) for the exact equations.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -18,7 +18,7 @@ from torch.func import functional_call
 from fl_lightning import losses
 from fl_lightning.context import ClientContext, ServerContext
 from fl_lightning.models import require_features
-from fl_lightning.module import FedAvg, frozen_forward
+from fl_lightning.module import FedAvg, frozen_forward, has_batch_norm
 
 
 class KD(FedAvg):
@@ -269,7 +269,7 @@ class FedKA(FedAvg):
     sample_mean_loss = True  # L_KA does not depend on the batch: under the per-sample vmap its forward runs once
     uses_teacher = True
     holdout_per_class_required = 1
-    client_attributes = ("dominant", "anchor_x", "anchor_zg")
+    client_attributes = ("dominant", "anchor_x", "anchor_zg", "anchor_w")
 
     def __init__(self, beta: float = 0.1, gamma: float | None = None, mu: int = 10, **kwargs: Any) -> None:
         if beta < 0 or mu < 1 or (gamma is not None and not 0 < gamma <= 1):
@@ -280,6 +280,7 @@ class FedKA(FedAvg):
         self.dominant: Tensor | None = None
         self.anchor_x: Tensor | None = None
         self.anchor_zg: Tensor | None = None
+        self.anchor_w: Tensor | None = None  # 1 per anchor, 0 per padding row; only where anchor sets were padded
 
     @property
     @torch.jit.unused
@@ -305,6 +306,7 @@ class FedKA(FedAvg):
         anchors = torch.cat(pieces)
         if len(anchors) > self.mu:
             anchors = anchors[torch.randperm(len(anchors), generator=client.generator)[: self.mu]]
+        self.anchor_w = None
         if len(anchors) == 0:
             self.anchor_x = self.anchor_zg = None
             return
@@ -317,7 +319,25 @@ class FedKA(FedAvg):
         if self.anchor_x is None or self.beta == 0:
             return loss
         assert self.dominant is not None and self.anchor_zg is not None
-        return loss + self.beta * losses.ka_loss(self(self.anchor_x), self.anchor_zg, self.dominant)
+        return loss + self.beta * losses.ka_loss(self(self.anchor_x), self.anchor_zg, self.dominant, self.anchor_w)
+
+    def align_client_attributes(self, attributes: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """Anchor sets of different sizes, padded to the largest by repeating anchors, the padding weighted 0.
+
+        L_KA is unchanged (Σ w·‖·‖² / Σ w), unless the network normalizes with batch statistics, where the repeated
+        rows would move them: then the sets stay as they are (and train in one stack per size).
+        """
+        aligned = [dict(item) for item in attributes]
+        anchored = [item for item in aligned if item["anchor_x"] is not None]
+        largest = max((len(item["anchor_x"]) for item in anchored), default=0)
+        if all(len(item["anchor_x"]) == largest for item in anchored) or has_batch_norm(self):
+            return aligned
+        for item in anchored:
+            size = len(item["anchor_x"])
+            rows = torch.arange(largest, device=item["anchor_x"].device)
+            item["anchor_w"] = (rows < size).float()
+            item["anchor_x"], item["anchor_zg"] = item["anchor_x"][rows % size], item["anchor_zg"][rows % size]
+        return aligned
 
 
 class FedProx(FedAvg):

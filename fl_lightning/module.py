@@ -40,6 +40,9 @@ class FederatedHooks:
                                                     client receives as ``client.server``
     ``on_client_start(client)``             client  after the global weights, a fresh optimizer and (if
                                                     :meth:`teacher_needed`) a fresh teacher are in place
+    ``align_client_attributes(attrs)``      client  batched engine only, after every client of a group ran
+                                                    ``on_client_start``: their attributes, made one structure
+                                                    where that is exact, so that they train as one stack
     ``local_gradient(grads)``               client  the gradients each local step descends (pure function)
     ``before_local_step()``                 client  between each backward pass and optimizer step
     ``on_client_end(client)``               client  after the last local step, local weights still loaded;
@@ -104,6 +107,16 @@ class FederatedHooks:
     def on_client_end(self, client: ClientContext) -> Mapping[str, Tensor] | None:
         """Client side, after the last local step: return the upload sent with the weights (or ``None``)."""
         return None
+
+    def align_client_attributes(self, attributes: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """Batched engine only: the clients' :attr:`client_attributes`, made one structure where that is exact.
+
+        ``attributes`` holds one dict per client the engine trains together, in order. Return them with every
+        client's loss unchanged, so that they stack as one. Clients whose attributes still differ in structure (tensor
+        shapes, ``None``) train in separate stacks, one after another. Default: unchanged. FedKA pads its anchor sets
+        to the largest and weights the padding 0.
+        """
+        return [dict(item) for item in attributes]
 
     def server_update(
         self, server: ServerContext, average: dict[str, Tensor], uploads: dict[str, Tensor]
@@ -496,6 +509,11 @@ class FedAvg(FederatedHooks, L.LightningModule):
         result = Evaluation.from_counts(counts)
         self.log(f"{stage}/loss", result.loss)
         self.log(f"{stage}/acc", result.acc)
+
+
+def has_batch_norm(module: nn.Module) -> bool:
+    """Whether ``module`` holds a BatchNorm layer (its batch statistics mix samples: padding a batch is not exact)."""
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules())
 
 
 def frozen_forward(net: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:

@@ -15,7 +15,7 @@ import math
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ from torch import Tensor, nn
 import fl_lightning.batched as batched_engine
 from fl_lightning import FedAdam, FedAvg, FederatedDataModule, Federation
 from fl_lightning.batched import SGDSettings, StackedClient, auto_engine, pads_short_batches, train_stacked
-from fl_lightning.methods import METHODS, SCAFFOLD
+from fl_lightning.methods import METHODS, SCAFFOLD, FedKA
 from fl_lightning.module import frozen_forward
 
 #: Methods whose second round reads per-client state left by the first (run for 2 rounds).
@@ -237,6 +237,49 @@ def test_unequal_clients_two_local_epochs(tmp_path: Path) -> None:
     assert any(n % 32 for n in sizes), sizes
     assert not dm.drop_last
     both(tmp_path, data_kwargs=data, fed_kwargs={"local_epochs": 2})
+
+
+class _AnchorSizes(FedKA):
+    """FedKA recording the anchor-set sizes the batched engine is handed (None: no anchors)."""
+
+    seen: list[list[int | None]] = []
+
+    def align_client_attributes(self, attributes: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        self.seen.append([None if a["anchor_x"] is None else len(a["anchor_x"]) for a in attributes])
+        return super().align_client_attributes(attributes)
+
+
+def test_fedka_anchor_sets_of_different_sizes_train_as_one_stack(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stacks: list[int] = []
+
+    def counted(module: FedAvg, clients: Sequence[StackedClient], *args: Any, **kwargs: Any) -> Any:
+        stacks.append(len(clients))
+        return train_stacked(module, clients, *args, **kwargs)
+
+    monkeypatch.setattr(batched_engine, "train_stacked", counted)
+    monkeypatch.setattr(_AnchorSizes, "seen", [])
+    data = {"alpha": 0.1, "holdout_per_class": 1}
+    result = run(tmp_path, "batched", _AnchorSizes, data_kwargs=data)
+    (sizes,) = _AnchorSizes.seen
+    assert None not in sizes and len(set(sizes)) > 1, sizes  # every client has anchors, of several sizes
+    assert stacks == [len(sizes)]
+    assert_same_federation(result, run(tmp_path, "sequential", FedKA, data_kwargs=data))
+
+
+def test_fedka_keeps_anchor_sets_apart_on_a_batchnorm_network() -> None:
+    model = FedKA(net="resnet8", num_classes=3, in_channels=1, image_size=8)
+    dominant = torch.zeros(3, dtype=torch.bool)
+    sets = [
+        {"dominant": dominant, "anchor_x": torch.ones(n, 1, 8, 8), "anchor_zg": torch.ones(n, 3), "anchor_w": None}
+        for n in (1, 2)
+    ]
+    assert [a["anchor_x"].shape[0] for a in model.align_client_attributes(sets)] == [1, 2]
+    lenet = FedKA(net="lenet", num_classes=3, in_channels=1, image_size=8)
+    padded = lenet.align_client_attributes(sets)
+    assert [a["anchor_x"].shape[0] for a in padded] == [2, 2]
+    assert padded[0]["anchor_w"].tolist() == [1.0, 0.0] and padded[1]["anchor_w"].tolist() == [1.0, 1.0]
 
 
 # ---- 4. SGD variants ---------------------------------------------------------------------------------------------
