@@ -11,8 +11,9 @@ last batch is padded to the full batch with weight-0 samples where the loss is a
 What a method computes per client in ``on_client_start`` and reads in ``client_loss`` is named in its
 :attr:`~fl_lightning.module.FederatedHooks.client_attributes`; the engine stacks those attributes over the group and
 binds each client's slice while its loss runs. Clients whose attributes differ in structure (FedDyn's first-time
-clients without ``h_k``) are stacked separately, unless the method's ``align_client_attributes`` makes them one
-structure exactly (FedKA pads its anchor sets of different sizes and weights the padding 0).
+clients without ``h_k``, FedKA's clients without anchors) are stacked separately, unless the method's
+``align_client_attributes`` makes them one structure exactly (FedKA pads its anchor sets of different sizes and
+weights the padding 0, except on a BatchNorm network).
 
 :class:`BatchedClients` is the executor the :class:`~fl_lightning.Federation` callback uses with
 ``engine="batched"``; :func:`train_stacked` is the engine itself, usable without a Trainer.
@@ -814,14 +815,14 @@ class BatchedClients(SequentialClients):
         module.client = None  # a loss that reads self.client in the batched engine fails loudly
         aligned = module.align_client_attributes([member.attributes for member in members])
         if len(aligned) != len(members) or any(
-            set(a) != set(m.attributes) for a, m in zip(aligned, members, strict=True)
+            not isinstance(a, Mapping) or set(a) != set(m.attributes) for a, m in zip(aligned, members, strict=True)
         ):
             raise NotBatchable(
                 f"{type(module).__name__}.align_client_attributes must return one dict per client with the keys of "
                 "client_attributes"
             )
         for i, (member, attrs) in enumerate(zip(members, aligned, strict=True)):
-            member.attributes = attrs
+            member.attributes = dict(attrs)
             stacks.setdefault(_structure(attrs), []).append(i)
         opt = module.optimizers()
         template = module.state_dict()

@@ -430,7 +430,8 @@ def ka_loss(
     if anchor_weight is None:
         return per_anchor.mean()
     weight = anchor_weight.to(per_anchor)
-    return (per_anchor * weight).sum() / weight.sum().clamp_min(1.0)
+    weighted = torch.where(weight > 0, per_anchor * weight, torch.zeros_like(per_anchor))  # 0·inf is NaN, not 0
+    return weighted.sum() / weight.sum().clamp_min(1.0)
 
 
 def prox_term(params: Sequence[Tensor], global_params: Sequence[Tensor]) -> Tensor:

@@ -324,13 +324,16 @@ class FedKA(FedAvg):
     def align_client_attributes(self, attributes: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """Anchor sets of different sizes, padded to the largest by repeating anchors, the padding weighted 0.
 
-        L_KA is unchanged (Σ w·‖·‖² / Σ w), unless the network normalizes with batch statistics, where the repeated
-        rows would move them: then the sets stay as they are (and train in one stack per size).
+        L_KA is unchanged (Σ w·‖·‖² / Σ w). The sets stay as they are (one stack per size) where that would not hold:
+        on a network that normalizes with batch statistics, which the repeated rows would move, and in a subclass
+        that overrides ``client_loss`` (it may not pass ``anchor_w`` to :func:`~fl_lightning.losses.ka_loss`; one
+        that does can override this hook to return ``FedKA.align_client_attributes``'s padding).
         """
         aligned = [dict(item) for item in attributes]
         anchored = [item for item in aligned if item["anchor_x"] is not None]
         largest = max((len(item["anchor_x"]) for item in anchored), default=0)
-        if all(len(item["anchor_x"]) == largest for item in anchored) or has_batch_norm(self):
+        same_size = all(len(item["anchor_x"]) == largest for item in anchored)
+        if same_size or has_batch_norm(self) or type(self).client_loss is not FedKA.client_loss:
             return aligned
         for item in anchored:
             size = len(item["anchor_x"])

@@ -111,10 +111,11 @@ class FederatedHooks:
     def align_client_attributes(self, attributes: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """Batched engine only: the clients' :attr:`client_attributes`, made one structure where that is exact.
 
-        ``attributes`` holds one dict per client the engine trains together, in order. Return them with every
-        client's loss unchanged, so that they stack as one. Clients whose attributes still differ in structure (tensor
-        shapes, ``None``) train in separate stacks, one after another. Default: unchanged. FedKA pads its anchor sets
-        to the largest and weights the padding 0.
+        ``attributes`` holds one dict per client of a group (up to ``group_size`` clients), in order, before the
+        group is split into stacks. Return them with every client's loss unchanged, so that they stack as one: the
+        returned attributes are what ``client_loss``, ``local_gradient`` and ``on_client_end`` see in the batched
+        engine. Clients whose attributes still differ in structure (tensor shapes, ``None``) train in separate stacks,
+        one after another. Default: unchanged. FedKA pads its anchor sets to the largest and weights the padding 0.
         """
         return [dict(item) for item in attributes]
 

@@ -27,7 +27,7 @@ from helpers import bare_trainer, read_metrics, read_summary, tiny_run
 from torch import Tensor, nn
 
 import fl_lightning.batched as batched_engine
-from fl_lightning import FedAdam, FedAvg, FederatedDataModule, Federation
+from fl_lightning import FedAdam, FedAvg, FederatedDataModule, Federation, losses
 from fl_lightning.batched import SGDSettings, StackedClient, auto_engine, pads_short_batches, train_stacked
 from fl_lightning.methods import METHODS, SCAFFOLD, FedKA
 from fl_lightning.module import frozen_forward
@@ -260,15 +260,23 @@ def test_fedka_anchor_sets_of_different_sizes_train_as_one_stack(
 
     monkeypatch.setattr(batched_engine, "train_stacked", counted)
     monkeypatch.setattr(_AnchorSizes, "seen", [])
-    data = {"alpha": 0.1, "holdout_per_class": 1}
-    result = run(tmp_path, "batched", _AnchorSizes, data_kwargs=data)
-    (sizes,) = _AnchorSizes.seen
+    # beta = 1 and two rounds: L_KA is 0 at a client's first step (local model = teacher), so give it weight to act.
+    kwargs: dict[str, Any] = {"data_kwargs": {"alpha": 0.1, "holdout_per_class": 1}, "model_kwargs": {"beta": 1.0}}
+    result = run(tmp_path, "batched", _AnchorSizes, rounds=2, **kwargs)
+    sizes = _AnchorSizes.seen[0]
     assert None not in sizes and len(set(sizes)) > 1, sizes  # every client has anchors, of several sizes
-    assert stacks == [len(sizes)]
-    assert_same_federation(result, run(tmp_path, "sequential", FedKA, data_kwargs=data))
+    assert stacks == [len(sizes)] * 2  # one stack a round
+    sequential = run(tmp_path, "sequential", FedKA, rounds=2, **kwargs)
+    assert_same_federation(result, sequential)
+    # Control: the padding rows counted as anchors (their weights ignored) give another federation.
+    ka_loss = losses.ka_loss
+    monkeypatch.setattr(losses, "ka_loss", lambda z, zg, dominant, weight=None: ka_loss(z, zg, dominant))
+    unweighted = run(tmp_path / "unweighted", "batched", FedKA, rounds=2, **kwargs)
+    gap = max((weights(unweighted[1])[k] - v).abs().max().item() for k, v in weights(sequential[1]).items())
+    assert gap > 100 * ATOL, gap
 
 
-def test_fedka_keeps_anchor_sets_apart_on_a_batchnorm_network() -> None:
+def test_fedka_pads_anchor_sets_except_on_a_batchnorm_network() -> None:
     model = FedKA(net="resnet8", num_classes=3, in_channels=1, image_size=8)
     dominant = torch.zeros(3, dtype=torch.bool)
     sets = [
@@ -277,9 +285,11 @@ def test_fedka_keeps_anchor_sets_apart_on_a_batchnorm_network() -> None:
     ]
     assert [a["anchor_x"].shape[0] for a in model.align_client_attributes(sets)] == [1, 2]
     lenet = FedKA(net="lenet", num_classes=3, in_channels=1, image_size=8)
-    padded = lenet.align_client_attributes(sets)
-    assert [a["anchor_x"].shape[0] for a in padded] == [2, 2]
+    no_anchors = {"dominant": dominant, "anchor_x": None, "anchor_zg": None, "anchor_w": None}
+    padded = lenet.align_client_attributes([*sets, no_anchors])
+    assert [a["anchor_x"].shape[0] for a in padded[:2]] == [2, 2]
     assert padded[0]["anchor_w"].tolist() == [1.0, 0.0] and padded[1]["anchor_w"].tolist() == [1.0, 1.0]
+    assert padded[2] == no_anchors  # a client without anchors has nothing to pad (it stacks apart)
 
 
 # ---- 4. SGD variants ---------------------------------------------------------------------------------------------
@@ -505,14 +515,27 @@ class ItemInLoss(FedAvg):
         return loss * (1.0 if loss.item() < 1e9 else 0.5)
 
 
+class DropsAttributes(FedAvg):
+    """An ``align_client_attributes`` that loses the clients' attributes."""
+
+    client_attributes = ("scale",)
+
+    def on_client_start(self, client: Any) -> None:
+        self.scale = torch.ones(())
+
+    def align_client_attributes(self, attributes: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        return [{} for _ in attributes]
+
+
 @pytest.mark.parametrize(
     ("method", "why"),
     [
         (UndeclaredAttribute, "sets foo without declaring it in client_attributes"),
         (ChangesWeights, "changes the module's weights or buffers"),
         (ItemInLoss, "the stacked step failed"),
+        (DropsAttributes, "align_client_attributes must return one dict per client"),
     ],
-    ids=["undeclared-attribute", "changes-weights", "item-in-loss"],
+    ids=["undeclared-attribute", "changes-weights", "item-in-loss", "drops-attributes"],
 )
 def test_found_unbatchable_in_the_round_say_why_and_train_sequentially(
     tmp_path: Path, method: type[FedAvg], why: str
