@@ -90,7 +90,12 @@ def load_claims(path: Path) -> list[dict[str, Any]]:
     claims = data.get("claims") if isinstance(data, dict) else None
     if not isinstance(claims, list) or not all(isinstance(c, dict) for c in claims):
         raise ValueError(f"{path}: expected a mapping with a 'claims' list of mappings")
+    papers = data.get("papers") or {}
+    if not isinstance(papers, dict):
+        raise ValueError(f"{path}: 'papers' must map each paper's key to its name and title")
     for claim in claims:
+        if claim.get("paper") in papers:
+            claim.setdefault("paper_title", str(papers[claim["paper"]]))
         missing = [k for k in ("id", "paper", "dataset", "metric", "method") if k not in claim]
         if missing:
             raise ValueError(f"{path}: claim {claim.get('id', '?')} lacks {', '.join(missing)}")
@@ -329,7 +334,8 @@ def settings_markdown(claims: Sequence[dict[str, Any]], rows: Sequence[dict[str,
     """Each claim's source and setting in the paper, the fl_lightning setting measuring it and how they differ."""
     lines = ["# The claims' settings and how fl_lightning's differ", ""]
     for claim, row in zip(claims, rows, strict=True):
-        lines += [f"## {claim['id']}", "", f"- paper: {claim['paper']}, {claim.get('source', '')}".rstrip(", ")]
+        paper = claim.get("paper_title", claim["paper"])
+        lines += [f"## {claim['id']}", "", f"- paper: {paper}; {claim.get('source', '')}".rstrip("; ")]
         lines.append(f"- metric: {' '.join(str(claim['metric']).split())}")
         setting = claim.get("setting") or {}
         if setting:

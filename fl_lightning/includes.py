@@ -8,7 +8,8 @@ heading)::
     ...
     <!-- end generated -->
 
-The path is relative to the Markdown file's folder. ``stale_sections`` says which sections differ from their files
+A file that is not Markdown (``.txt``: a script's printed output) is shown verbatim in a ``text`` code block. The
+path is relative to the Markdown file's folder. ``stale_sections`` says which sections differ from their files
 (a test keeps README's in step with ``results/``). Markers that do not pair up are an error, not a silent skip.
 """
 
@@ -31,11 +32,13 @@ DEMOTE = 3
 
 
 def rendered(path: Path) -> str:
-    """The text a section shows for the file at ``path``."""
+    """The text a section shows for the file at ``path``: a Markdown file's text, any other file's as a code block."""
     if not path.is_file():
         raise FileNotFoundError(f"generated section: no file {path}")
-    lines = path.read_text().rstrip("\n").splitlines()
-    return "\n".join("#" * DEMOTE + line if line.startswith("#") else line for line in lines) + "\n"
+    text = path.read_text().rstrip("\n")
+    if path.suffix != ".md":  # a script's printed output (e.g. a bench's table), shown verbatim
+        return f"```text\n{text}\n```\n"
+    return "\n".join("#" * DEMOTE + line if line.startswith("#") else line for line in text.splitlines()) + "\n"
 
 
 def _sections(markdown: Path) -> tuple[str, list[re.Match[str]]]:

@@ -123,6 +123,11 @@ def test_write_claims_and_readme_sections(results: Path, tmp_path: Path) -> None
     includes.refresh(readme)
     assert "#### A report\n\n##### Part\n\nbody\n" in readme.read_text()  # headings below README's own
 
+    (tmp_path / "bench.txt").write_text("# beta  lr\n0.1  0.01\n")  # a script's printed table, shown as printed
+    readme.write_text("<!-- generated from bench.txt: x -->\n<!-- end generated -->\n")
+    includes.refresh(readme)
+    assert "-->\n```text\n# beta  lr\n0.1  0.01\n```\n<!-- end" in readme.read_text()
+
     readme.write_text("<!-- generated from missing.md: x -->\n<!-- end generated -->\n")
     with pytest.raises(FileNotFoundError, match="missing.md"):
         includes.refresh(readme)
@@ -146,6 +151,9 @@ def test_bad_claims_files_fail_with_one_line(tmp_path: Path) -> None:
     )
     with pytest.raises(ValueError, match="paper_metric rounds needs a speedup metric"):
         claims.load_claims(path)
+    path.write_text(yaml.safe_dump({"papers": ["FedX"], "claims": [claim("p", "P", 1.0, 2.0)]}))
+    with pytest.raises(ValueError, match="'papers' must map each paper's key to its name and title"):
+        claims.load_claims(path)
     path.write_text("claims: [\n")
     with pytest.raises(ValueError, match="not valid YAML"):
         claims.load_claims(path)
@@ -157,6 +165,8 @@ def test_shipped_claims_table_and_readme_are_the_files_numbers(tmp_path: Path) -
     assert md.read_text() == (ROOT / "results/claims/claims.md").read_text(), "run `python cli.py claims`"
     settings = (tmp_path / "claims_settings.md").read_text()
     assert settings == (ROOT / "results/claims/claims_settings.md").read_text(), "run `python cli.py claims`"
+    papers = [line for line in settings.splitlines() if line.startswith("- paper: ")]
+    assert len(papers) == 25 and all('"' in line for line in papers), papers  # each claim names its paper's title
     assert includes.stale_sections(ROOT / "README.md") == [], "run `python cli.py claims`"
     args = ["--check", "--claims", str(ROOT / "results/claims/paper_claims.yaml"), "--readme", str(ROOT / "README.md")]
     assert claims.main(args) == 0
