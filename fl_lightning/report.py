@@ -712,11 +712,13 @@ def write_report(
     smooth: int = 0,
     notes: Sequence[str] = (),
     published: Published | None = None,
+    plots: bool = True,
 ) -> Path:
     """Tables and plots of a comparison into ``output_dir/report``; ``smooth > 1`` adds moving-average curves.
 
     Tables: ``results.md`` (mean ± std, then paired by seed, then the ``published`` numbers beside ours, then the
-    comparison's ``notes``), ``results.csv``, ``per_seed.csv`` and, with ``published``, ``published.csv``.
+    comparison's ``notes``), ``results.csv``, ``per_seed.csv`` and, with ``published``, ``published.csv``;
+    ``plots=False`` writes the tables alone.
     """
     out = Path(output_dir) / "report"
     out.mkdir(parents=True, exist_ok=True)
@@ -731,7 +733,7 @@ def write_report(
         notes = [f"Not run yet ({len(unstarted)} of {len(runs)} runs, left out of the tables): {groups}.", *notes]
     write_tables(summary, out, f"{name} (baseline: {baseline})", baseline, notes, published)
     write_per_seed(per_seed_results(loaded, baseline), out)
-    for setting in dict.fromkeys(s for s, method, *_ in runs if (s, method) in started):
+    for setting in dict.fromkeys(s for s, method, *_ in runs if plots and (s, method) in started):
         plot_curves(runs, setting, out / f"curves_{setting}.png")
         if smooth > 1:
             plot_curves(runs, setting, out / f"curves_{setting}_ma{smooth}.png", smooth=smooth)

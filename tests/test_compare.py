@@ -16,6 +16,7 @@ from helpers import read_metrics, read_summary
 
 from fl_lightning.cli import cli_main
 from fl_lightning.compare import CompareSpec, _threads_per_run, main, run_comparison
+from fl_lightning.report import write_report
 
 ROOT = Path(__file__).resolve().parent.parent
 CLASSES = {"fedavg": "fl_lightning.FedAvg", "fedntd": "fl_lightning.methods.FedNTD"}
@@ -105,6 +106,28 @@ def test_shipped_comparisons_parse(path, monkeypatch):
     monkeypatch.chdir(ROOT)
     spec = CompareSpec.from_yaml(path)
     assert spec.runs() and spec.baseline == spec.methods[0]
+
+
+ARCHIVED = [
+    p for p in sorted((ROOT / "configs/compare").glob("*.yaml")) if (ROOT / "results" / p.stem / "report").is_dir()
+]
+
+
+@pytest.mark.parametrize("path", ARCHIVED, ids=lambda p: p.stem)
+def test_shipped_reports_are_their_archived_runs_numbers(path, tmp_path, monkeypatch):
+    """results/<table>/report's tables are what the runs archived beside them give now (README includes them)."""
+    monkeypatch.chdir(ROOT)
+    spec = CompareSpec.from_yaml(path)
+    spec.output_dir = ROOT / "results" / path.stem
+    runs = [(r.setting, r.method, r.seed, r.run_dir) for r in spec.runs()]
+    out = write_report(spec.name, tmp_path, runs, spec.baseline, spec.smooth, spec.notes, spec.published, plots=False)
+    shipped = spec.output_dir / "report"
+    tables = sorted(p.name for p in shipped.iterdir() if p.suffix in (".md", ".csv", ".json"))
+    assert "results.md" in tables and "per_seed.csv" in tables
+    for name in tables:
+        assert (out / name).read_text() == (shipped / name).read_text(), (
+            f"{name}: run scripts/paper_tables.sh --archive-only"
+        )
 
 
 def test_wandb_command_groups_and_tags(spec_file):
