@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import csv
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 
 from fl_lightning import FederatedDataModule
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def bare_trainer(root: str | Path, *callbacks: L.Callback, **overrides: Any) -> L.Trainer:
@@ -34,3 +40,18 @@ def fmnist_ntd_datamodule(partition: str = "shard") -> FederatedDataModule:
         batch_size=50,
         holdout_per_class=64,
     )
+
+
+def cli_fit(config: str | Path, out: Path, *extra: str, env: dict[str, str] | None = None) -> list[dict[str, str]]:
+    """``cli.py fit --config config`` into ``out`` as a user runs it (no plots, no progress bar): its metrics rows.
+
+    ``extra``: more CLI arguments. Exits with the fit's last error line when it fails.
+    """
+    cmd = [sys.executable, str(ROOT / "cli.py"), "fit", "--config", str(config), "--federation.plots", "false"]
+    cmd += ["--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(out), *extra]
+    done = subprocess.run(cmd, cwd=ROOT, env=env or dict(os.environ), capture_output=True, text=True)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        sys.exit(f"{Path(config).name} {' '.join(extra)}: the fit failed: {last}")
+    with open(out / "metrics.csv") as f:
+        return list(csv.DictReader(f))

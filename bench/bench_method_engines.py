@@ -5,7 +5,7 @@ is the median ``round_seconds`` of rounds 2..N (the first is warm-up). Also prin
 and each run's global accuracy after every round, so that the two engines can be seen to train the same model
 (equal up to float rounding in float32; within a point or so in ``bf16-mixed``).
 
-The GPU figures in README come from ``--gpu`` (``accelerator="gpu"``, the GPU default ``bf16-mixed``):
+``--gpu`` (``accelerator="gpu"``, the GPU default ``bf16-mixed``) reproduces the fits behind README's GPU figures:
 
 - the teacher methods in the FedNTD setting: ``--configs fedntd_fmnist_shard2,fedlmd_fmnist_shard2 --rounds 6``;
 - FedKA's t-CNN setting: ``--configs fedavg_fmnist_dir01,fedka_fmnist_dir01 --rounds 3 --engines batched``.
@@ -17,43 +17,18 @@ Usage: ``python bench/bench_method_engines.py [--configs quickstart] [--rounds 4
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _setting import ROOT, cli_fit  # bench/ is on sys.path when run as a script
 
 
 def run(config: str, engine: str, rounds: int, gpu: bool, out: Path) -> list[dict[str, str]]:
     """One fit of ``configs/<config>.yaml`` with ``engine``; its metrics rows."""
-    cmd = [
-        sys.executable,
-        str(ROOT / "cli.py"),
-        "fit",
-        "--config",
-        str(ROOT / "configs" / f"{config}.yaml"),
-        "--federation.rounds",
-        str(rounds),
-        "--federation.engine",
-        engine,
-        "--federation.plots",
-        "false",
-        "--trainer.accelerator",
-        "gpu" if gpu else "cpu",
-        "--trainer.enable_progress_bar",
-        "false",
-        "--trainer.default_root_dir",
-        str(out),
-    ]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    if done.returncode != 0:
-        sys.exit(f"{config} ({engine}) failed: {done.stderr.strip().splitlines()[-1:]}")
-    with open(out / "metrics.csv") as f:
-        return list(csv.DictReader(f))
+    extra = ["--federation.rounds", str(rounds), "--federation.engine", engine]
+    return cli_fit(ROOT / "configs" / f"{config}.yaml", out, *extra, "--trainer.accelerator", "gpu" if gpu else "cpu")
 
 
 def main() -> None:

@@ -12,42 +12,21 @@ Usage: ``python bench/bench_processes.py [--rounds 6] [--devices 2] [--method fe
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _setting import ROOT, cli_fit  # bench/ is on sys.path when run as a script
 
 
 def run(config: Path, rounds: int, devices: int, out: Path) -> list[dict[str, str]]:
     """Run one federation through the CLI and return its metrics rows."""
-    cmd = [
-        sys.executable,
-        str(ROOT / "cli.py"),
-        "fit",
-        "--config",
-        str(config),
-        "--federation.rounds",
-        str(rounds),
-        "--federation.plots",
-        "false",
-        "--trainer.accelerator",
-        "cpu",
-        "--trainer.default_root_dir",
-        str(out),
-        "--trainer.enable_progress_bar",
-        "false",
-    ]
+    extra = ["--federation.rounds", str(rounds), "--trainer.accelerator", "cpu"]
     if devices > 1:
-        cmd += ["--trainer.devices", str(devices), "--trainer.strategy", "ddp"]
+        extra += ["--trainer.devices", str(devices), "--trainer.strategy", "ddp"]
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    subprocess.run(cmd, check=True, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
-    with open(out / "metrics.csv") as f:
-        return list(csv.DictReader(f))
+    return cli_fit(config, out, *extra, env=env)
 
 
 def main() -> None:

@@ -408,8 +408,9 @@ def ka_loss(
         anchor_logits: Local-model logits on the anchor set, ``[|T|, C]``.
         anchor_teacher_logits: Global-model logits on the anchor set, ``[|T|, C]`` (detached).
         dominant: The client's dominant classes, bool ``[C]``.
-        anchor_weight: 1 for the rows of T, 0 for padding rows, ``[rows]`` (an anchor set padded to a common size,
-            as the batched engine stacks clients); the loss is then Σ w_x·‖·‖² / Σ w_x, the same L_KA.
+        anchor_weight: 1 for the rows of T, 0 for padding rows (no other values), ``[rows]``: an anchor set padded
+            to a common size, as the batched engine stacks clients; the loss is then Σ w_x·‖·‖² / Σ w_x, the same
+            L_KA.
 
     Returns:
         The float32 scalar loss.

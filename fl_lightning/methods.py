@@ -322,25 +322,16 @@ class FedKA(FedAvg):
         return loss + self.beta * losses.ka_loss(self(self.anchor_x), self.anchor_zg, self.dominant, self.anchor_w)
 
     def align_client_attributes(self, attributes: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        """Anchor sets of different sizes, padded to the largest by repeating anchors, the padding weighted 0.
+        """Anchor sets of different sizes, padded to the largest (:func:`pad_anchor_sets`), the padding weighted 0.
 
         L_KA is unchanged (Σ w·‖·‖² / Σ w). The sets stay as they are (one stack per size) where that would not hold:
         on a network that normalizes with batch statistics, which the repeated rows would move, and in a subclass
         that overrides ``client_loss`` (it may not pass ``anchor_w`` to :func:`~fl_lightning.losses.ka_loss`; one
-        that does can override this hook to return ``FedKA.align_client_attributes``'s padding).
+        that does can override this hook to return ``pad_anchor_sets(attributes)``).
         """
-        aligned = [dict(item) for item in attributes]
-        anchored = [item for item in aligned if item["anchor_x"] is not None]
-        largest = max((len(item["anchor_x"]) for item in anchored), default=0)
-        same_size = all(len(item["anchor_x"]) == largest for item in anchored)
-        if same_size or has_batch_norm(self) or type(self).client_loss is not FedKA.client_loss:
-            return aligned
-        for item in anchored:
-            size = len(item["anchor_x"])
-            rows = torch.arange(largest, device=item["anchor_x"].device)
-            item["anchor_w"] = (rows < size).float()
-            item["anchor_x"], item["anchor_zg"] = item["anchor_x"][rows % size], item["anchor_zg"][rows % size]
-        return aligned
+        if has_batch_norm(self) or type(self).client_loss is not FedKA.client_loss:
+            return [dict(item) for item in attributes]
+        return pad_anchor_sets(attributes)
 
 
 class FedProx(FedAvg):
@@ -400,6 +391,25 @@ class FedRS(FedAvg):
         """CE on the restricted logits."""
         assert self.present is not None
         return F.cross_entropy(losses.restricted_logits(self(x), self.present, self.alpha), y)
+
+
+def pad_anchor_sets(attributes: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """FedKA's client attributes with every anchor set repeated up to the largest one, the padding weighted 0.
+
+    ``anchor_w`` is 1 per anchor and 0 per padding row. Unchanged where the sets already have one size; a client
+    without anchors keeps ``None``.
+    """
+    aligned = [dict(item) for item in attributes]
+    anchored = [item for item in aligned if item["anchor_x"] is not None]
+    largest = max((len(item["anchor_x"]) for item in anchored), default=0)
+    if all(len(item["anchor_x"]) == largest for item in anchored):
+        return aligned
+    for item in anchored:
+        size = len(item["anchor_x"])
+        rows = torch.arange(largest, device=item["anchor_x"].device)
+        item["anchor_w"] = (rows < size).float()
+        item["anchor_x"], item["anchor_zg"] = item["anchor_x"][rows % size], item["anchor_zg"][rows % size]
+    return aligned
 
 
 def _first_per_class(labels: Tensor, k: int) -> Tensor:
