@@ -292,6 +292,7 @@ def test_wandb_run_has_no_warnings_from_our_settings(tmp_path, capfd, monkeypatc
     import wandb
 
     monkeypatch.setenv("WANDB_SILENT", "false")  # conftest silences W&B; its warnings are what this test reads
+    wandb.teardown()  # W&B keeps its settings per process: an earlier test's silent ones would hide its lines
     run_dir = tmp_path / "not_yet_there"
     cli_main(fit_args(run_dir, "--trainer.enable_progress_bar", "false", "--trainer.logger", "WandbLogger"))
     wandb.finish()
