@@ -415,15 +415,7 @@ def run_comparison(spec: CompareSpec, dry_run: bool = False, report_only: bool =
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     pool.shutdown(wait=True)
-    report_dir = write_report(
-        spec.name,
-        spec.output_dir,
-        [(r.setting, r.method, r.seed, r.run_dir) for r in runs],
-        spec.baseline,
-        smooth=spec.smooth,
-        notes=spec.notes,
-        published=spec.published,
-    )
+    report_dir = write_spec_report(spec)
     if spec.wandb and not dry_run:
         _log_report_to_wandb(spec, report_dir)
     if failures:
@@ -433,6 +425,20 @@ def run_comparison(spec: CompareSpec, dry_run: bool = False, report_only: bool =
             flush=True,
         )
     return report_dir
+
+
+def write_spec_report(spec: CompareSpec, report_root: Path | None = None, plots: bool = True) -> Path:
+    """The comparison's report of the runs under ``spec.output_dir``, into ``report_root/report`` (default: there)."""
+    return write_report(
+        spec.name,
+        report_root or spec.output_dir,
+        [(r.setting, r.method, r.seed, r.run_dir) for r in spec.runs()],
+        spec.baseline,
+        smooth=spec.smooth,
+        notes=spec.notes,
+        published=spec.published,
+        plots=plots,
+    )
 
 
 def _log_report_to_wandb(spec: CompareSpec, report_dir: Path) -> None:

@@ -330,7 +330,7 @@ class FedKA(FedAvg):
         that does can override this hook to return ``pad_anchor_sets(attributes)``).
         """
         if has_batch_norm(self) or type(self).client_loss is not FedKA.client_loss:
-            return [dict(item) for item in attributes]
+            return super().align_client_attributes(attributes)
         return pad_anchor_sets(attributes)
 
 

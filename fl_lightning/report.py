@@ -569,8 +569,8 @@ def write_tables(
     write_text_atomic(out_dir / "results.md", "\n".join(md) + "\n")
     write_text_atomic(out_dir / "results.csv", _csv_text(header, rows))
     if compared is not None:
-        rows = [[_csv_cell(r[c]) for c in PUBLISHED_COLUMNS] for r in compared]
-        write_text_atomic(out_dir / "published.csv", _csv_text(PUBLISHED_COLUMNS, rows))
+        cells = [[_csv_cell(r[c]) for c in PUBLISHED_COLUMNS] for r in compared]
+        write_text_atomic(out_dir / "published.csv", _csv_text(PUBLISHED_COLUMNS, cells))
     else:  # never a stale one from an earlier version of the YAML
         (out_dir / "published.csv").unlink(missing_ok=True)
     return out_dir / "results.md", out_dir / "results.csv"
@@ -733,7 +733,8 @@ def write_report(
         notes = [f"Not run yet ({len(unstarted)} of {len(runs)} runs, left out of the tables): {groups}.", *notes]
     write_tables(summary, out, f"{name} (baseline: {baseline})", baseline, notes, published)
     write_per_seed(per_seed_results(loaded, baseline), out)
-    for setting in dict.fromkeys(s for s, method, *_ in runs if plots and (s, method) in started):
+    plotted = dict.fromkeys(s for s, method, *_ in runs if (s, method) in started) if plots else {}
+    for setting in plotted:
         plot_curves(runs, setting, out / f"curves_{setting}.png")
         if smooth > 1:
             plot_curves(runs, setting, out / f"curves_{setting}_ma{smooth}.png", smooth=smooth)

@@ -15,8 +15,7 @@ import yaml
 from helpers import read_metrics, read_summary
 
 from fl_lightning.cli import cli_main
-from fl_lightning.compare import CompareSpec, _threads_per_run, main, run_comparison
-from fl_lightning.report import write_report
+from fl_lightning.compare import CompareSpec, _threads_per_run, main, run_comparison, write_spec_report
 
 ROOT = Path(__file__).resolve().parent.parent
 CLASSES = {"fedavg": "fl_lightning.FedAvg", "fedntd": "fl_lightning.methods.FedNTD"}
@@ -119,8 +118,7 @@ def test_shipped_reports_are_their_archived_runs_numbers(path, tmp_path, monkeyp
     monkeypatch.chdir(ROOT)
     spec = CompareSpec.from_yaml(path)
     spec.output_dir = ROOT / "results" / path.stem
-    runs = [(r.setting, r.method, r.seed, r.run_dir) for r in spec.runs()]
-    out = write_report(spec.name, tmp_path, runs, spec.baseline, spec.smooth, spec.notes, spec.published, plots=False)
+    out = write_spec_report(spec, tmp_path, plots=False)
     shipped = spec.output_dir / "report"
     tables = sorted(p.name for p in shipped.iterdir() if p.suffix in (".md", ".csv", ".json"))
     assert "results.md" in tables and "per_seed.csv" in tables
