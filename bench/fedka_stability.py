@@ -11,12 +11,15 @@ curvature exceeds 2(1 + ρ)/lr. The script prints, per round, the largest ``lr·
 step was outside the stable region), the largest L_KA and the global accuracy, and writes every step to a CSV.
 
 With ``--replay CKPT --client K`` it instead replays one client's local update from a saved global model (e.g. the
-round before a divergence) over several random batch orders, for a grid of (β, lr, gradient clipping), and prints how
-often L_KA explodes: if halving lr (or clipping) removes what β·L_KA at full lr does, the divergence is a step-size
-instability of the loss, not a wrong loss.
+round before a divergence), in the setting of the run that saved it (its data, network, E, batch, the round's lr; any
+FedKA run, the t-CNN setting's too; ``--device cuda`` where there is a GPU), over several random batch orders, for a
+grid of (β, lr, gradient clipping), and prints how often L_KA explodes: if halving lr (or clipping) removes what
+β·L_KA at full lr does, the divergence is a step-size instability of the loss, not a wrong loss.
 
 Usage: ``python bench/fedka_stability.py --rounds 30 --beta 0.1 --partition shard --out runs/fedka_stability``
        ``python bench/fedka_stability.py --replay runs/.../fedka/seed0/checkpoints/last.ckpt --client 16``
+       ``python bench/fedka_stability.py --client 5 --device cuda --replay
+       runs/compare/fmnist_fedka_setting/dir01/fedka/seed0/checkpoints/last.ckpt``
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
+import yaml
 from _setting import bare_trainer, fmnist_ntd_datamodule  # bench/ is on sys.path when run as a script
 from torch import Tensor
 from torch.func import functional_call, jacrev
@@ -53,23 +57,8 @@ class FedKAProbe(FedKA):
         self._client, self._lr, self._step = client.client, client.lr, 0
 
     def _anchor_curvature(self) -> float:
-        """Largest eigenvalue of β·L_KA's Gauss-Newton matrix (2β/|T|)·JᵀJ over all parameters.
-
-        J is the Jacobian of the anchors' non-dominant logits; the matrix is L_KA's exact Hessian where the local
-        logits equal the teacher's (every client's first step) and its positive part elsewhere.
-        """
         assert self.anchor_x is not None and self.dominant is not None
-        keep = ~self.dominant
-        params = {k: v.detach() for k, v in self.net.named_parameters()}
-
-        def logits(p: dict[str, Tensor]) -> Tensor:
-            return functional_call(self.net, p, (self.anchor_x,))[:, keep]
-
-        jac = torch.cat([j.flatten(2).flatten(0, 1) for j in jacrev(logits)(params).values()], dim=1)
-        if not torch.isfinite(jac).all():
-            return float("inf")
-        top = torch.linalg.eigvalsh(jac @ jac.T)[-1].item()
-        return 2 * self.beta / len(self.anchor_x) * top
+        return anchor_curvature(self.net, self.anchor_x, self.dominant, self.beta)
 
     def client_loss(self, x: Tensor, y: Tensor) -> Tensor:
         ce = F.cross_entropy(self(x), y)
@@ -105,27 +94,82 @@ class FedKAProbe(FedKA):
         return ce + self.beta * ka
 
 
-def replay(dm: FederatedDataModule, ckpt: str, client: int, lr: float, orders: int) -> None:
-    """Replay ``client``'s local update (E = 5, batch 50, momentum 0.9) from the global model in ``ckpt``."""
+def anchor_curvature(net: torch.nn.Module, anchor_x: Tensor, dominant: Tensor, beta: float) -> float:
+    """Largest eigenvalue of β·L_KA's Gauss-Newton matrix (2β/|T|)·JᵀJ over all of ``net``'s parameters.
+
+    J is the Jacobian of the anchors' non-dominant logits; the matrix is L_KA's exact Hessian where the local logits
+    equal the teacher's (every client's first step) and its positive part elsewhere.
+    """
+    keep = ~dominant
+    params = {k: v.detach() for k, v in net.named_parameters()}
+
+    def logits(p: dict[str, Tensor]) -> Tensor:
+        return functional_call(net, p, (anchor_x,))[:, keep]
+
+    jac = torch.cat([j.flatten(2).flatten(0, 1) for j in jacrev(logits)(params).values()], dim=1)
+    if not torch.isfinite(jac).all():
+        return float("inf")
+    top = torch.linalg.eigvalsh(jac @ jac.T)[-1].item()
+    return 2 * beta / len(anchor_x) * top
+
+
+def replay_setting(ckpt: str) -> tuple[dict[str, Any], FederatedDataModule, dict[str, Any], int, float, int]:
+    """What a replay of the round after ``ckpt`` needs, all read from the run that wrote it.
+
+    Returns the checkpoint, the run's datamodule (set up), FedKA's arguments, local epochs, the round's lr and the
+    replayed round. The datamodule and model come from the checkpoint's hyperparameters; local epochs and lr decay
+    from the run's ``config.yaml`` beside its ``checkpoints/`` folder.
+    """
     state = torch.load(ckpt, map_location="cpu", weights_only=False)
-    glob = FedKA(net="lenet")
+    config = Path(ckpt).resolve().parents[1] / "config.yaml"
+    if not config.is_file():
+        raise SystemExit(f"--replay {ckpt}: no {config}; replay a checkpoint inside the run directory that wrote it")
+    federation = yaml.safe_load(config.read_text()).get("federation") or {}
+    data = {k: v for k, v in state["datamodule_hyper_parameters"].items() if not k.startswith("_") and k != "seed"}
+    dm = FederatedDataModule(**data, seed=state["datamodule_hyper_parameters"].get("seed", 0))
+    dm.setup("fit")
+    model = {k: v for k, v in state["hyper_parameters"].items() if not k.startswith("_")}
+    replayed = int(state["epoch"]) + 1
+    lr = model["lr"] * float(federation.get("lr_decay", 1.0)) ** (replayed - 1)
+    return state, dm, model, int(federation.get("local_epochs", 1)), lr, replayed
+
+
+def replay(ckpt: str, client: int, orders: int, device: torch.device) -> None:
+    """Replay ``client``'s local update of the round after ``ckpt`` from the global model saved there.
+
+    The setting (data, network, batch size, E, the round's lr, momentum, weight decay, γ, μ) is the run's own. The
+    anchors are built here, apart from the module: the shared sample of each missing class and the first local sample
+    of each non-dominant class, at most μ.
+    """
+    state, dm, hp, epochs, lr, replayed = replay_setting(ckpt)
+    glob = FedKA(**hp)
     glob.load_state_dict(state["state_dict"])
-    net_g = glob.net.eval()
+    net_g = glob.net.to(device).eval()
     t = dm.transform
     assert t is not None
-    x, y = dm.client_data(client)
-    x = t(x, False)
-    counts = torch.bincount(y, minlength=10)
-    missing, non_dom, dominant = Lf.ka_class_groups(counts, 1 / 20)
+    raw, y = dm.client_data(client)
+    x, y = t(raw.to(device), False), y.to(device)
+    num_classes = int(hp.get("num_classes", 10))
+    counts = torch.bincount(y, minlength=num_classes).cpu()
+    gamma = hp.get("gamma") or 1 / (2 * num_classes)
+    missing, non_dom, dominant = Lf.ka_class_groups(counts, gamma)
     shared = _first_per_class(dm.aux_y, 1)
     anchors = [dm.aux_x[shared][torch.isin(dm.aux_y[shared], torch.nonzero(missing).flatten())]]
-    raw = dm.client_data(client)[0]
-    anchors += [raw[torch.nonzero(y == c).flatten()[:1]] for c in torch.nonzero(non_dom).flatten()]
-    ax = t(torch.cat(anchors)[:10], False)
+    anchors += [raw[torch.nonzero(y.cpu() == c).flatten()[:1]] for c in torch.nonzero(non_dom).flatten()]
+    ax = t(torch.cat(anchors)[: hp.get("mu", 10)].to(device), False)
+    dominant = dominant.to(device)
     with torch.no_grad():
         azg = net_g(ax)
-    print(f"client {client}: {len(y)} samples, classes {torch.nonzero(counts).flatten().tolist()}, {len(ax)} anchors,")
-    print(f"  global model: anchor logit norm {azg.norm(dim=1).mean():.2f}, lr {lr:.5f}; {orders} batch orders each")
+    beta0, batch, rho = hp.get("beta", 0.1), dm.batch_size, hp.get("momentum", 0.9)
+    ratio = lr * anchor_curvature(net_g, ax, dominant, beta0) / (2 * (1 + rho))
+    print(
+        f"round {replayed}, client {client}: {len(y)} samples, classes {torch.nonzero(counts).flatten().tolist()}, "
+        f"{len(ax)} anchors; {hp.get('net')}, E = {epochs}, batch {batch}, lr {lr:.5f}, momentum {rho}, on {device}"
+    )
+    print(
+        f"  global model: anchor logit norm {azg.norm(dim=1).mean():.2f}; step-0 stability ratio lr·λ/(2(1+ρ)) at "
+        f"beta {beta0:g}: {ratio:.2f} (> 1: outside the stable region); {orders} batch orders each"
+    )
     print("  beta     lr       clip  diverged  L_KA>100  median max L_KA  median final CE  median |g|  steps |g|>10")
     for beta, scale, clip in [
         (0.0, 1, None),
@@ -142,13 +186,16 @@ def replay(dm: FederatedDataModule, ckpt: str, client: int, lr: float, orders: i
         peaks, finals, norms, diverged = [], [], [], 0
         for order in range(orders):
             torch.manual_seed(order)
-            local = FedKA(net="lenet")
-            local.net.load_state_dict(net_g.state_dict())
-            net = local.net.train()
-            opt = torch.optim.SGD(net.parameters(), lr=lr * scale, momentum=0.9, weight_decay=1e-5)
+            local = FedKA(**hp)
+            local.net.load_state_dict(glob.net.state_dict())
+            net = local.net.to(device).train()
+            opt = torch.optim.SGD(
+                net.parameters(), lr=lr * scale, momentum=rho, weight_decay=hp.get("weight_decay", 1e-5)
+            )
             peak, ce = 0.0, float("nan")
-            for _ in range(5):
-                for idx in torch.randperm(len(y)).split(50):
+            for _ in range(epochs):
+                for idx in torch.randperm(len(y)).split(batch):
+                    idx = idx.to(device)
                     ce_t = F.cross_entropy(net(x[idx]), y[idx])
                     ka = Lf.ka_loss(net(ax), azg, dominant)
                     loss = ce_t + beta * ka
@@ -167,7 +214,8 @@ def replay(dm: FederatedDataModule, ckpt: str, client: int, lr: float, orders: i
             f"  {beta:<7g}  {lr * scale:.5f}  {clip if clip else '-':>4}  {diverged:4d}/{orders}  {big:5d}/{orders}"
             f"  {torch.tensor(peaks).median():15.4g}  {torch.tensor(finals).median():15.4g}"
             f"  {torch.tensor(norms).nan_to_num(math.inf).median():10.3g}"
-            f"  {100 * sum(n > 10 for n in norms) / len(norms):10.1f}%"
+            f"  {100 * sum(n > 10 for n in norms) / len(norms):10.1f}%",
+            flush=True,
         )
 
 
@@ -180,15 +228,14 @@ def main() -> None:
     parser.add_argument("--out", default="runs/fedka_stability")
     parser.add_argument("--replay", default=None, help="a FedKA checkpoint: replay one client's update from it")
     parser.add_argument("--client", type=int, default=16, help="the client to replay")
-    parser.add_argument("--replay-lr", type=float, default=0.01 * 0.99**29, help="its lr (default: round 30's)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="where to replay")
     parser.add_argument("--orders", type=int, default=10, help="random batch orders per setting")
     args = parser.parse_args()
     L.seed_everything(0, verbose=False)
-    dm = fmnist_ntd_datamodule(args.partition)
     if args.replay:
-        dm.setup("fit")
-        replay(dm, args.replay, args.client, args.replay_lr, args.orders)
+        replay(args.replay, args.client, args.orders, torch.device(args.device))
         return
+    dm = fmnist_ntd_datamodule(args.partition)
     model = FedKAProbe(net="lenet", lr=args.lr, momentum=0.9, weight_decay=1e-5, beta=args.beta, mu=10)
     fed = Federation(rounds=args.rounds, sample_ratio=0.1, local_epochs=5, lr_decay=0.99, plots=False)
     out = Path(args.out)
