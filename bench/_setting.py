@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
+import yaml
 
 from fl_lightning import FederatedDataModule
 
@@ -55,3 +57,27 @@ def cli_fit(config: str | Path, out: Path, *extra: str, env: dict[str, str] | No
         sys.exit(f"{Path(config).name} {' '.join(extra)}: the fit failed: {last}")
     with open(out / "metrics.csv") as f:
         return list(csv.DictReader(f))
+
+
+def run_setting(ckpt: str | Path) -> tuple[dict[str, Any], FederatedDataModule, dict[str, Any], dict[str, Any]]:
+    """A saved run's setting, read from its checkpoint and from the ``config.yaml`` beside its ``checkpoints/``.
+
+    Returns the checkpoint, the run's datamodule (set up), its module's arguments and its ``federation`` section.
+    Exits with one line when the checkpoint does not sit in the run directory that wrote it.
+    """
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)
+    config = Path(ckpt).resolve().parents[1] / "config.yaml"
+    if not config.is_file():
+        sys.exit(f"{ckpt}: no {config}; name a checkpoint inside the run directory that wrote it")
+    federation = yaml.safe_load(config.read_text()).get("federation") or {}
+    data = {k: v for k, v in state["datamodule_hyper_parameters"].items() if not k.startswith("_")}
+    dm = FederatedDataModule(**data)
+    dm.setup("fit")
+    model = {k: v for k, v in state["hyper_parameters"].items() if not k.startswith("_")}
+    return state, dm, model, federation
+
+
+def rounds_done(state: dict[str, Any]) -> int:
+    """The last round whose global model a checkpoint holds (a diverged run keeps its last finite one)."""
+    history = state["callbacks"]["Federation"]["record"]["history"]
+    return int(history[-1]["round"]) if history else 0

@@ -33,12 +33,11 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
-import yaml
-from _setting import bare_trainer, fmnist_ntd_datamodule  # bench/ is on sys.path when run as a script
+from _setting import bare_trainer, fmnist_ntd_datamodule, rounds_done, run_setting  # bench/ is on sys.path
 from torch import Tensor
 from torch.func import functional_call, jacrev
 
-from fl_lightning import FederatedDataModule, Federation
+from fl_lightning import Federation
 from fl_lightning import losses as Lf
 from fl_lightning.context import ClientContext
 from fl_lightning.methods import FedKA, _first_per_class
@@ -113,35 +112,17 @@ def anchor_curvature(net: torch.nn.Module, anchor_x: Tensor, dominant: Tensor, b
     return 2 * beta / len(anchor_x) * top
 
 
-def replay_setting(ckpt: str) -> tuple[dict[str, Any], FederatedDataModule, dict[str, Any], int, float, int]:
-    """What a replay of the round after ``ckpt`` needs, all read from the run that wrote it.
-
-    Returns the checkpoint, the run's datamodule (set up), FedKA's arguments, local epochs, the round's lr and the
-    replayed round. The datamodule and model come from the checkpoint's hyperparameters; local epochs and lr decay
-    from the run's ``config.yaml`` beside its ``checkpoints/`` folder.
-    """
-    state = torch.load(ckpt, map_location="cpu", weights_only=False)
-    config = Path(ckpt).resolve().parents[1] / "config.yaml"
-    if not config.is_file():
-        raise SystemExit(f"--replay {ckpt}: no {config}; replay a checkpoint inside the run directory that wrote it")
-    federation = yaml.safe_load(config.read_text()).get("federation") or {}
-    data = {k: v for k, v in state["datamodule_hyper_parameters"].items() if not k.startswith("_") and k != "seed"}
-    dm = FederatedDataModule(**data, seed=state["datamodule_hyper_parameters"].get("seed", 0))
-    dm.setup("fit")
-    model = {k: v for k, v in state["hyper_parameters"].items() if not k.startswith("_")}
-    replayed = int(state["epoch"]) + 1
-    lr = model["lr"] * float(federation.get("lr_decay", 1.0)) ** (replayed - 1)
-    return state, dm, model, int(federation.get("local_epochs", 1)), lr, replayed
-
-
 def replay(ckpt: str, client: int, orders: int, device: torch.device) -> None:
     """Replay ``client``'s local update of the round after ``ckpt`` from the global model saved there.
 
-    The setting (data, network, batch size, E, the round's lr, momentum, weight decay, γ, μ) is the run's own. The
-    anchors are built here, apart from the module: the shared sample of each missing class and the first local sample
-    of each non-dominant class, at most μ.
+    The setting (data, network, batch size, E, the round's lr, momentum, weight decay, γ, μ) is the run's own
+    (:func:`run_setting`). The anchors are built here, apart from the module: the shared sample of each missing class
+    and the first local sample of each non-dominant class, at most μ.
     """
-    state, dm, hp, epochs, lr, replayed = replay_setting(ckpt)
+    state, dm, hp, federation = run_setting(ckpt)
+    replayed = rounds_done(state) + 1
+    epochs = int(federation.get("local_epochs", 1))
+    lr = hp["lr"] * float(federation.get("lr_decay", 1.0)) ** (replayed - 1)
     glob = FedKA(**hp)
     glob.load_state_dict(state["state_dict"])
     net_g = glob.net.to(device).eval()

@@ -9,6 +9,8 @@ it::
       setting: shard2
       method: fedntd
       metric: final_acc             # final_acc | best_acc | last10_acc | speedup_final_target | speedup_best_target
+                                    # | probe_acc
+      made_by: python bench/x.py    # optional: the command that wrote per_seed.csv, where it is not `cli.py compare`
 
 The verdict compares the paper's gain of the method over FedAvg (accuracy points, or speedup − 1) with fl_lightning's
 gain, paired by seed (:data:`VERDICT_RULES`). Each verdict is given over all completed seeds and over seed 0 alone,
@@ -55,7 +57,13 @@ METRICS: dict[str, tuple[str, str, str]] = {
     "last10_acc": ("last10_acc", "delta_last10_acc", "points"),
     "speedup_final_target": ("speedup_final_target", "speedup_final_target", "speedup"),
     "speedup_best_target": ("speedup_best_target", "speedup_best_target", "speedup"),
+    # a probe of one local update from a saved global model (bench/local_probe.py): the local model's class-mean
+    # test accuracy, paired with FedAvg's local model from the same global model
+    "probe_acc": ("probe_acc", "delta_probe_acc", "points"),
 }
+#: A claim's ``measure`` keys: the required ones, then the optional ones.
+MEASURE_KEYS = ("table", "setting", "method", "metric")
+MEASURE_OPTIONAL = ("made_by",)
 CLAIMS_COLUMNS = (
     "id",
     "paper",
@@ -101,10 +109,10 @@ def load_claims(path: Path) -> list[dict[str, Any]]:
             raise ValueError(f"{path}: claim {claim.get('id', '?')} lacks {', '.join(missing)}")
         measure = claim.get("measure")
         if measure is not None:
-            lacking = [k for k in ("table", "setting", "method", "metric") if k not in measure]
+            lacking = [k for k in MEASURE_KEYS if k not in measure]
             if lacking:
                 raise ValueError(f"{path}: claim {claim['id']}'s measure lacks {', '.join(lacking)}")
-            unknown = sorted(set(measure) - {"table", "setting", "method", "metric"})
+            unknown = sorted(set(measure) - set(MEASURE_KEYS) - set(MEASURE_OPTIONAL))
             if unknown:
                 raise ValueError(f"{path}: claim {claim['id']}'s measure has unknown key(s) {unknown}")
             if measure["metric"] not in METRICS:
@@ -137,17 +145,19 @@ def _float(cell: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def read_per_seed(results_dir: Path, table: str) -> list[dict[str, str]]:
-    """The rows of ``results/<table>/report/per_seed.csv`` (empty when that comparison has no report)."""
+def read_per_seed(results_dir: Path, table: str, columns: Sequence[str] = ()) -> list[dict[str, str]]:
+    """The rows of ``results/<table>/report/per_seed.csv`` (empty when that comparison has no report).
+
+    ``columns``: the value columns the caller reads, required besides setting, method, seed and status.
+    """
     path = Path(results_dir) / table / "report" / "per_seed.csv"
     if not path.is_file():
         return []
     with path.open(newline="") as f:
         rows = list(csv.DictReader(f))
-    needed = {"setting", "method", "seed", "status"} | {c for cols in METRICS.values() for c in cols[:2]}
-    lacking = sorted(needed - set(rows[0])) if rows else []
+    lacking = sorted({"setting", "method", "seed", "status", *columns} - set(rows[0])) if rows else []
     if lacking:
-        raise ValueError(f"{path} lacks column(s) {lacking}: rewrite the report with `cli.py compare --report-only`")
+        raise ValueError(f"{path} lacks column(s) {lacking}: rewrite it with the command that made it")
     return rows
 
 
@@ -235,7 +245,7 @@ def claim_row(claim: dict[str, Any], results_dir: Path) -> dict[str, Any]:
     gain = paper_gain(claim, "speedup" if kind == "speedup" and claim.get("paper_metric") == "rounds" else "points")
     if kind == "speedup" and claim.get("paper_metric") != "rounds":
         gain = None  # an accuracy claim measured by speed: the paper's gain has no speedup to compare
-    rows = read_per_seed(results_dir, measure["table"])
+    rows = read_per_seed(results_dir, measure["table"], METRICS[measure["metric"]][:2])
     fl, fl0 = measured(rows, measure), measured(rows, measure, seeds=[0])
     row.update(
         paper_gain="" if gain is None else round(gain, 2),
@@ -254,10 +264,8 @@ def claim_row(claim: dict[str, Any], results_dir: Path) -> dict[str, Any]:
         diverged=f"{fl['diverged']}/{fl['runs']}" if fl["diverged"] else "",
     )
     if row["verdict"] == "not run" and not row["reason"]:
-        row["reason"] = (
-            f"not run yet: `bash scripts/paper_tables.sh {measure['table']}` runs it and archives its runs and report "
-            f"in results/{measure['table']}/"
-        )
+        command = measure.get("made_by") or f"bash scripts/paper_tables.sh {measure['table']}"
+        row["reason"] = f"not run yet: `{command}` writes results/{measure['table']}/"
     if fl["gains"]:
         mean, std = mean_std(fl["gains"])
         row.update(fl_gain_mean=round(mean, 2), fl_gain_std=round(std, 2))
@@ -344,8 +352,9 @@ def settings_markdown(claims: Sequence[dict[str, Any]], rows: Sequence[dict[str,
             )
         measure = claim.get("measure")
         if measure:
+            source = measure.get("made_by") or f"configs/compare/{measure['table']}.yaml"
             lines.append(
-                f"- fl_lightning: `configs/compare/{measure['table']}.yaml`, setting {measure['setting']}, "
+                f"- fl_lightning: `{source}`, setting {measure['setting']}, "
                 f"{measure['method']} against fedavg, {measure['metric']}; verdict: {row['verdict']}"
             )
         else:
