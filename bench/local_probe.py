@@ -8,14 +8,16 @@ client's local model. Each local model is evaluated on the test set per
 class. In the paper, its client holds almost nothing of classes 0-5; FedAvg's local model forgets them (class mean
 45.1 % against the global model's 47.5 %), FedLSD's (``kd``) keeps 49.4 % and FedCAD's 59.2 %.
 
-Writes, under ``--out``:
+Writes, under ``--out``, per global model (its seed ``S``, which also fixes the partition):
 
-- ``probe.csv``: per method and client, the client's class shares and the local model's per-class test accuracy;
-- ``probe.txt``: the printed tables (the paper-like client as in the paper's figure, then every client);
-- ``report/per_seed.csv``: the claims table's input (``cli.py claims``, metric ``probe_acc``): per method, the local
-  models' class-mean test accuracy (``probe_acc``) and its difference to FedAvg's local models from the same global
-  model (``delta_probe_acc``), for the paper-like client (setting ``paper_client``) and averaged over the probed
-  clients (``all_clients``); ``seed`` is the global model's seed.
+- ``seedS/probe.csv``: per method and client, the client's class shares and the local model's per-class test accuracy;
+- ``seedS/probe.txt``: the printed tables (the paper-like client as in the paper's figure, then every client);
+- ``seedS/per_seed.csv``: per method, the local models' class-mean test accuracy (``probe_acc``) and its difference
+  to FedAvg's local models from the same global model (``delta_probe_acc``), for the paper-like client (setting
+  ``paper_client``) and averaged over the probed clients (``all_clients``);
+
+and then ``report/per_seed.csv``, every ``seed*/per_seed.csv`` under ``--out`` in one table: the claims table's input
+(``cli.py claims``, metric ``probe_acc``). Probing another seed's global model into the same ``--out`` adds its rows.
 
 The paper-like client is the one with the most classes under 5 % of its data (ties: the least label entropy), as the
 paper's (0, 0, 2, 3, 4 % for five classes).
@@ -144,6 +146,25 @@ def per_seed_rows(
     return rows
 
 
+def write_per_seed(path: Path, rows: list[dict[str, Any]]) -> None:
+    """``rows`` as a CSV with :data:`PER_SEED_COLUMNS`."""
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=PER_SEED_COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def merge_per_seed(out: Path) -> Path:
+    """``out/report/per_seed.csv``: the rows of every ``out/seed*/per_seed.csv``, by seed."""
+    rows: list[dict[str, Any]] = []
+    for path in sorted(out.glob("seed*/per_seed.csv"), key=lambda p: int(p.parent.name[4:])):
+        with open(path, newline="") as f:
+            rows += list(csv.DictReader(f))
+    (out / "report").mkdir(parents=True, exist_ok=True)
+    write_per_seed(out / "report" / "per_seed.csv", rows)
+    return out / "report" / "per_seed.csv"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ckpt", required=True, help="the global model: a run's checkpoints/last.ckpt")
@@ -165,9 +186,10 @@ def main() -> None:
     seconds = time.perf_counter() - start
 
     out = Path(args.out)
-    (out / "report").mkdir(parents=True, exist_ok=True)
+    here = out / f"seed{seed}"
+    here.mkdir(parents=True, exist_ok=True)
     classes = range(num_classes)
-    with open(out / "probe.csv", "w", newline="") as f:
+    with open(here / "probe.csv", "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(
             ["method", "client", "status", "class_mean"]
@@ -210,13 +232,11 @@ def main() -> None:
     lines.append(f"  {'of':>6}  {'':8}" + "".join(f"{len(done[m]):>6}/{len(clients):<2}" for m in args.methods))
     text = "\n".join(lines)
     print(text)
-    (out / "probe.txt").write_text(text + "\n")
+    (here / "probe.txt").write_text(text + "\n")
 
-    with open(out / "report" / "per_seed.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=PER_SEED_COLUMNS)
-        writer.writeheader()
-        writer.writerows(per_seed_rows(acc, args.methods, clients, target, seed))
-    print(f"[local_probe] {out / 'probe.csv'}, {out / 'probe.txt'}, {out / 'report' / 'per_seed.csv'}")
+    write_per_seed(here / "per_seed.csv", per_seed_rows(acc, args.methods, clients, target, seed))
+    merged = merge_per_seed(out)
+    print(f"[local_probe] {here / 'probe.csv'}, {here / 'probe.txt'}, {merged} ({len(list(out.glob('seed*')))} seeds)")
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ def probed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 def test_each_method_trains_each_client_once_from_the_global_model(probed: tuple[Path, Path]) -> None:
     run, out = probed
-    rows = read_csv(out / "probe.csv")
+    rows = read_csv(out / "seed0" / "probe.csv")
     assert [(r["method"], r["client"]) for r in rows] == [(m, k) for m in ("fedavg", "fedcad") for k in ("0", "3")]
     global_acc = [float(read_csv(run / "metrics.csv")[-1][f"acc_class_{c}"]) for c in range(10)]
     for r in rows:
@@ -47,12 +47,12 @@ def test_each_method_trains_each_client_once_from_the_global_model(probed: tuple
         assert acc != global_acc  # a local model, not the global one it started from
     by = {(r["method"], r["client"]): [float(r[f"acc_class_{c}"]) for c in range(10)] for r in rows}
     assert by[("fedavg", "0")] != by[("fedcad", "0")]  # each method's own loss
-    assert "the paper-like one" in (out / "probe.txt").read_text()
+    assert "the paper-like one" in (out / "seed0" / "probe.txt").read_text()
 
 
 def test_its_per_seed_table_is_the_claims_input(probed: tuple[Path, Path]) -> None:
     _, out = probed
-    means = {(r["method"], r["client"]): float(r["class_mean"]) for r in read_csv(out / "probe.csv")}
+    means = {(r["method"], r["client"]): float(r["class_mean"]) for r in read_csv(out / "seed0" / "probe.csv")}
     rows = {(r["setting"], r["method"]): r for r in read_csv(out / "report" / "per_seed.csv")}
     target = rows[("paper_client", "fedavg")]["clients"]
     assert target in ("0", "3") and float(rows[("paper_client", "fedavg")]["delta_probe_acc"]) == 0.0
@@ -83,3 +83,15 @@ def test_a_diverged_update_is_a_result_without_a_paired_gain(monkeypatch: pytest
     assert rows[("all_clients", "fedka")]["status"] == "diverged" and rows[("all_clients", "fedka")]["probe_acc"] == 0.6
     assert rows[("all_clients", "fedka")]["delta_probe_acc"] == ""
     assert rows[("all_clients", "fedavg")]["probe_acc"] == pytest.approx(0.6)
+
+
+def test_each_global_models_rows_join_the_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import local_probe
+
+    for seed in (10, 2):  # by seed, not by name
+        (tmp_path / f"seed{seed}").mkdir()
+        row = {"setting": "paper_client", "method": "fedavg", "seed": seed, "status": "completed", "probe_acc": 0.5}
+        local_probe.write_per_seed(tmp_path / f"seed{seed}" / "per_seed.csv", [row])
+    merged = read_csv(local_probe.merge_per_seed(tmp_path))
+    assert [r["seed"] for r in merged] == ["2", "10"] and list(merged[0]) == list(local_probe.PER_SEED_COLUMNS)
