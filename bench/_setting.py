@@ -77,7 +77,23 @@ def run_setting(ckpt: str | Path) -> tuple[dict[str, Any], FederatedDataModule, 
     return state, dm, model, federation
 
 
-def rounds_done(state: dict[str, Any]) -> int:
-    """The last round whose global model a checkpoint holds (a diverged run keeps its last finite one)."""
+def rounds_done(state: dict[str, Any], federation: dict[str, Any]) -> int:
+    """The last round whose global model a checkpoint holds (a diverged run keeps its last finite one).
+
+    Read from the evaluated rounds, so the run must have evaluated every round (``eval_every: 1``, the default);
+    exits with one line otherwise.
+    """
+    if int(federation.get("eval_every", 1)) != 1:
+        sys.exit("a checkpoint of a run with eval_every > 1 does not say which round its weights are from")
     history = state["callbacks"]["Federation"]["record"]["history"]
     return int(history[-1]["round"]) if history else 0
+
+
+def round_lr_scale(state: dict[str, Any], federation: dict[str, Any]) -> float:
+    """The learning-rate scale of the round after the checkpoint's: ``lr_decay`` to the rounds done."""
+    return float(federation.get("lr_decay", 1.0)) ** rounds_done(state, federation)
+
+
+def run_seed(state: dict[str, Any]) -> int:
+    """The run's seed: the federation's (sampling and batch order), which ``seed_everything`` also gives the data."""
+    return int(state["callbacks"]["Federation"]["seed"])

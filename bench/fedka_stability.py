@@ -33,7 +33,13 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
-from _setting import bare_trainer, fmnist_ntd_datamodule, rounds_done, run_setting  # bench/ is on sys.path
+from _setting import (
+    bare_trainer,
+    fmnist_ntd_datamodule,
+    round_lr_scale,
+    rounds_done,
+    run_setting,
+)  # bench/ is on sys.path
 from torch import Tensor
 from torch.func import functional_call, jacrev
 
@@ -120,9 +126,9 @@ def replay(ckpt: str, client: int, orders: int, device: torch.device) -> None:
     and the first local sample of each non-dominant class, at most μ.
     """
     state, dm, hp, federation = run_setting(ckpt)
-    replayed = rounds_done(state) + 1
+    replayed = rounds_done(state, federation) + 1
     epochs = int(federation.get("local_epochs", 1))
-    lr = hp["lr"] * float(federation.get("lr_decay", 1.0)) ** (replayed - 1)
+    lr = hp["lr"] * round_lr_scale(state, federation)
     glob = FedKA(**hp)
     glob.load_state_dict(state["state_dict"])
     net_g = glob.net.to(device).eval()

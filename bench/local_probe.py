@@ -5,7 +5,7 @@ trains once with each method (at its defaults, the shipped configs' values), in 
 network, E, batch, lr, momentum, weight decay), by the methods' own code: a one-round federation
 (:class:`fl_lightning.Federation`) whose only client is the probed one, so that the round's global model is that
 client's local model. Each local model is evaluated on the test set per
-class. In the paper, its client holds almost nothing of classes 0-5; FedAvg's local model forgets them (class mean
+class. In the paper, its client holds almost nothing of classes 0-4; FedAvg's local model forgets them (class mean
 45.1 % against the global model's 47.5 %), FedLSD's (``kd``) keeps 49.4 % and FedCAD's 59.2 %.
 
 Writes, under ``--out``, per global model (its seed ``S``, which also fixes the partition):
@@ -22,9 +22,9 @@ and then ``report/per_seed.csv``, every ``seed*/per_seed.csv`` under ``--out`` i
 The paper-like client is the one with the most classes under 5 % of its data (ties: the least label entropy), as the
 paper's (0, 0, 2, 3, 4 % for five classes).
 
-Usage: ``python cli.py fit --config configs/fedavg_fmnist_dir05.yaml --federation.rounds 10 --trainer.default_root_dir
-runs/probe/fedavg_dir05_r10``, then ``python bench/local_probe.py --ckpt
-runs/probe/fedavg_dir05_r10/checkpoints/last.ckpt --out results/fmnist_fedcad_probe``
+Usage, per seed S: ``python cli.py fit --config configs/fedavg_fmnist_dir05.yaml --seed_everything S --federation.rounds
+10 --trainer.default_root_dir runs/probe/fedavg_dir05_r10_seedS``, then ``python bench/local_probe.py --ckpt
+runs/probe/fedavg_dir05_r10_seedS/checkpoints/last.ckpt --out results/fmnist_fedcad_probe``
 """
 
 from __future__ import annotations
@@ -39,7 +39,13 @@ from typing import Any
 
 import lightning as L
 import torch
-from _setting import bare_trainer, rounds_done, run_setting  # bench/ is on sys.path when run as a script
+from _setting import (
+    bare_trainer,
+    round_lr_scale,
+    rounds_done,
+    run_seed,
+    run_setting,
+)  # bench/ is on sys.path when run as a script
 
 from fl_lightning import Federation
 from fl_lightning.methods import METHODS
@@ -50,18 +56,17 @@ MINORITY = 0.05
 
 
 class OneClient(Federation):
-    """A federation whose every round trains one given client (its plan otherwise the usual one)."""
+    """A federation whose every round trains one given client, at a given learning-rate scale."""
 
-    def __init__(self, client: int, **kwargs: Any) -> None:
+    def __init__(self, client: int, lr_scale: float, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.client = client
+        self.client, self.lr_scale = client, lr_scale
 
     def plan(self, round_idx: int) -> RoundPlan:
-        usual = super().plan(round_idx)
         assert self.dm is not None
         dm = self.dm
         steps = client_steps(dm.client_sizes[self.client], dm.batch_size, self.local_epochs, dm.drop_last)
-        return RoundPlan(round_idx, (self.client,), (steps,), usual.local_epochs, usual.lr_scale)
+        return RoundPlan(round_idx, (self.client,), (steps,), self.local_epochs, self.lr_scale)
 
 
 def class_shares(labels: torch.Tensor, num_classes: int) -> list[float]:
@@ -86,12 +91,16 @@ def probe(ckpt: str, method: str, client: int) -> list[float] | None:
     """
     state, dm, hp, federation = run_setting(ckpt)
     module = METHODS[method](**hp)
-    module.net.load_state_dict({k[4:]: v for k, v in state["state_dict"].items() if k.startswith("net.")})
+    net = {k: v for k, v in state["state_dict"].items() if k.startswith("net.")}
+    if set(module.state_dict()) != set(net):  # e.g. MOON's projection head: not in a FedAvg global model
+        raise SystemExit(f"{method} has weights beside its network's; the probe starts only the network from {ckpt}")
+    module.load_state_dict(net)
     fed = OneClient(
         client,
+        round_lr_scale(state, federation),
         rounds=1,
         local_epochs=int(federation.get("local_epochs", 1)),
-        seed=int(state["datamodule_hyper_parameters"].get("seed", 0)),
+        seed=run_seed(state),
         plots=False,
     )
     with tempfile.TemporaryDirectory() as tmp:
@@ -120,10 +129,10 @@ PER_SEED_COLUMNS = ("setting", "method", "seed", "status", "probe_acc", "delta_p
 def per_seed_rows(
     acc: dict[tuple[str, int], list[float] | None], methods: list[str], clients: list[int], target: int, seed: int
 ) -> list[dict[str, Any]]:
-    """``report/per_seed.csv``'s rows: per method, the paper-like client's and all clients' class-mean accuracy.
+    """``seedS/per_seed.csv``'s rows: per method, the paper-like client's and all clients' class-mean accuracy.
 
     A method whose update diverged on any client of a group is ``diverged`` there: its ``probe_acc`` is the mean over
-    the clients that completed, and it has no paired ``delta_probe_acc``.
+    the clients that completed, and it has no ``delta_probe_acc``; nor has any method where FedAvg's diverged.
     """
 
     rows = []
@@ -131,7 +140,7 @@ def per_seed_rows(
         base = [v for k in group if (v := class_mean(acc[("fedavg", k)])) is not None]
         for m in methods:
             done = [v for k in group if (v := class_mean(acc[(m, k)])) is not None]
-            completed = len(done) == len(base) == len(group)
+            completed, paired = len(done) == len(group), len(done) == len(base) == len(group)
             rows.append(
                 {
                     "setting": setting,
@@ -139,7 +148,7 @@ def per_seed_rows(
                     "seed": seed,
                     "status": "completed" if completed else "diverged",
                     "probe_acc": round(mean(done), 5) if done else "",
-                    "delta_probe_acc": round(mean(done) - mean(base), 5) if completed else "",
+                    "delta_probe_acc": round(mean(done) - mean(base), 5) if paired else "",
                     "clients": " ".join(map(str, group)),
                 }
             )
@@ -166,6 +175,7 @@ def merge_per_seed(out: Path) -> Path:
 
 
 def main() -> None:
+    """Probe every client with every method from ``--ckpt``'s global model; write and print the tables."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ckpt", required=True, help="the global model: a run's checkpoints/last.ckpt")
     parser.add_argument("--methods", nargs="+", default=["fedavg", "kd", "fedcad"], choices=sorted(METHODS))
@@ -175,12 +185,12 @@ def main() -> None:
     if "fedavg" not in args.methods:
         parser.error("--methods must include fedavg: every method is paired against it")
     L.seed_everything(0, verbose=False)
-    state, dm, _, _ = run_setting(args.ckpt)
+    state, dm, _, federation = run_setting(args.ckpt)
     num_classes = dm.num_classes
     clients = args.clients if args.clients else list(range(len(dm.client_sizes)))
     shares = {k: class_shares(dm.client_data(k)[1], num_classes) for k in clients}
     target = paper_like(shares)
-    seed = int(state["datamodule_hyper_parameters"].get("seed", 0))
+    seed = run_seed(state)
     start = time.perf_counter()
     acc = {(m, k): probe(args.ckpt, m, k) for m in args.methods for k in clients}
     seconds = time.perf_counter() - start
@@ -204,7 +214,7 @@ def main() -> None:
     def cell(value: float | None, width: int) -> str:
         return f"{'diverged':>{width}}" if value is None else f"{100 * value:{width}.2f}"
 
-    lines = [f"global model: {args.ckpt} (after round {rounds_done(state)}, seed {seed})"]
+    lines = [f"global model: {args.ckpt} (after round {rounds_done(state, federation)}, seed {seed})"]
     lines.append(f"{len(args.methods)} methods (their defaults) x {len(clients)} clients in {seconds:.0f} s")
     lines.append(f"client {target} (the paper-like one): class shares and per-class test accuracy (%), class mean:")
     lines.append(f"  {'':8}" + "".join(f"{c:>6}" for c in classes) + "    mean  minority  majority")

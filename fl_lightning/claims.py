@@ -157,7 +157,10 @@ def read_per_seed(results_dir: Path, table: str, columns: Sequence[str] = ()) ->
         rows = list(csv.DictReader(f))
     lacking = sorted({"setting", "method", "seed", "status", *columns} - set(rows[0])) if rows else []
     if lacking:
-        raise ValueError(f"{path} lacks column(s) {lacking}: rewrite it with the command that made it")
+        raise ValueError(
+            f"{path} lacks column(s) {lacking}: rewrite it with the command that made it "
+            "(a comparison's: `cli.py compare --report-only`)"
+        )
     return rows
 
 
@@ -265,7 +268,7 @@ def claim_row(claim: dict[str, Any], results_dir: Path) -> dict[str, Any]:
     )
     if row["verdict"] == "not run" and not row["reason"]:
         command = measure.get("made_by") or f"bash scripts/paper_tables.sh {measure['table']}"
-        row["reason"] = f"not run yet: `{command}` writes results/{measure['table']}/"
+        row["reason"] = f"not run yet: `{command}` runs it and writes its report in results/{measure['table']}/"
     if fl["gains"]:
         mean, std = mean_std(fl["gains"])
         row.update(fl_gain_mean=round(mean, 2), fl_gain_std=round(std, 2))

@@ -21,11 +21,11 @@ def read_csv(path: Path) -> list[dict[str, str]]:
 
 @pytest.fixture(scope="module")
 def probed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A 2-round quickstart run, then the probe of clients 0 and 3 with FedAvg and FedCAD from its global model."""
+    """A 2-round quickstart run (lr decay 0.5), then the probe of clients 0 and 3 with FedAvg and FedCAD from it."""
     tmp = tmp_path_factory.mktemp("probe")
     run = tmp / "run"
     fit = [sys.executable, "cli.py", "fit", "--config", "configs/quickstart.yaml", "--federation.rounds", "2"]
-    fit += ["--federation.plots", "false", "--trainer.default_root_dir", str(run)]
+    fit += ["--federation.lr_decay", "0.5", "--federation.plots", "false", "--trainer.default_root_dir", str(run)]
     subprocess.run(fit, cwd=ROOT, check=True, capture_output=True)
     out = tmp / "results" / "probe"
     probe = [sys.executable, "bench/local_probe.py", "--ckpt", str(run / "checkpoints" / "last.ckpt")]
@@ -95,3 +95,18 @@ def test_each_global_models_rows_join_the_report(tmp_path: Path, monkeypatch: py
         local_probe.write_per_seed(tmp_path / f"seed{seed}" / "per_seed.csv", [row])
     merged = read_csv(local_probe.merge_per_seed(tmp_path))
     assert [r["seed"] for r in merged] == ["2", "10"] and list(merged[0]) == list(local_probe.PER_SEED_COLUMNS)
+
+
+def test_the_probe_trains_at_the_next_rounds_learning_rate(
+    probed: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import _setting
+
+    run, _ = probed
+    state, _, hp, federation = _setting.run_setting(run / "checkpoints" / "last.ckpt")
+    assert _setting.rounds_done(state, federation) == 2 and _setting.run_seed(state) == 0
+    assert _setting.round_lr_scale(state, federation) == 0.25  # round 3's: 0.5 ** 2
+    assert float(read_csv(run / "metrics.csv")[-1]["lr"]) == pytest.approx(hp["lr"] * 0.5)  # round 2 trained at 0.5
+    with pytest.raises(SystemExit, match="eval_every > 1"):
+        _setting.rounds_done(state, {**federation, "eval_every": 2})
