@@ -136,18 +136,16 @@ def replay(ckpt: str, client: int, orders: int, device: torch.device) -> None:
     assert t is not None
     raw, y = dm.client_data(client)
     x, y = t(raw.to(device), False), y.to(device)
-    num_classes = int(hp.get("num_classes", 10))
-    counts = torch.bincount(y, minlength=num_classes).cpu()
-    gamma = hp.get("gamma") or 1 / (2 * num_classes)
-    missing, non_dom, dominant = Lf.ka_class_groups(counts, gamma)
+    counts = torch.as_tensor(dm.client_class_counts[client])
+    missing, non_dom, dominant = Lf.ka_class_groups(counts, glob.gamma)
     shared = _first_per_class(dm.aux_y, 1)
     anchors = [dm.aux_x[shared][torch.isin(dm.aux_y[shared], torch.nonzero(missing).flatten())]]
     anchors += [raw[torch.nonzero(y.cpu() == c).flatten()[:1]] for c in torch.nonzero(non_dom).flatten()]
-    ax = t(torch.cat(anchors)[: hp.get("mu", 10)].to(device), False)
+    ax = t(torch.cat(anchors)[: glob.mu].to(device), False)
     dominant = dominant.to(device)
     with torch.no_grad():
         azg = net_g(ax)
-    beta0, batch, rho = hp.get("beta", 0.1), dm.batch_size, hp.get("momentum", 0.9)
+    beta0, batch, rho = glob.beta, dm.batch_size, glob.hparams.momentum
     ratio = lr * anchor_curvature(net_g, ax, dominant, beta0) / (2 * (1 + rho))
     print(
         f"round {replayed}, client {client}: {len(y)} samples, classes {torch.nonzero(counts).flatten().tolist()}, "
@@ -176,9 +174,7 @@ def replay(ckpt: str, client: int, orders: int, device: torch.device) -> None:
             local = FedKA(**hp)
             local.net.load_state_dict(glob.net.state_dict())
             net = local.net.to(device).train()
-            opt = torch.optim.SGD(
-                net.parameters(), lr=lr * scale, momentum=rho, weight_decay=hp.get("weight_decay", 1e-5)
-            )
+            opt = torch.optim.SGD(net.parameters(), lr=lr * scale, momentum=rho, weight_decay=glob.hparams.weight_decay)
             peak, ce = 0.0, float("nan")
             for _ in range(epochs):
                 for idx in torch.randperm(len(y)).split(batch):

@@ -38,7 +38,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import torch
 from _setting import (
     bare_trainer,
     round_lr_scale,
@@ -47,7 +46,7 @@ from _setting import (
     run_setting,
 )  # bench/ is on sys.path when run as a script
 
-from fl_lightning import Federation
+from fl_lightning import FederatedDataModule, Federation
 from fl_lightning.methods import METHODS
 from fl_lightning.rounds import RoundPlan, client_steps
 
@@ -69,12 +68,6 @@ class OneClient(Federation):
         return RoundPlan(round_idx, (self.client,), (steps,), self.local_epochs, self.lr_scale)
 
 
-def class_shares(labels: torch.Tensor, num_classes: int) -> list[float]:
-    """Each class's fraction of ``labels``."""
-    counts = torch.bincount(labels, minlength=num_classes).double()
-    return (counts / counts.sum()).tolist()
-
-
 def paper_like(shares: dict[int, list[float]]) -> int:
     """The client with the most classes under :data:`MINORITY` of its data; ties: the least label entropy."""
 
@@ -84,16 +77,19 @@ def paper_like(shares: dict[int, list[float]]) -> int:
     return min(shares, key=lambda k: (-sum(s < MINORITY for s in shares[k]), entropy(shares[k])))
 
 
-def probe(ckpt: str, method: str, client: int) -> list[float] | None:
+def probe(
+    setting: tuple[dict[str, Any], FederatedDataModule, dict[str, Any], dict[str, Any]], method: str, client: int
+) -> list[float] | None:
     """Per-class test accuracy of ``client``'s local model after one local update with ``method`` (its defaults).
 
-    ``None`` when the update diverged (a non-finite loss or weights): a result, not an error.
+    ``setting``: the global model's run, as :func:`run_setting` returns it. ``None`` when the update diverged (a
+    non-finite loss or weights): a result, not an error.
     """
-    state, dm, hp, federation = run_setting(ckpt)
+    state, dm, hp, federation = setting
     module = METHODS[method](**hp)
     net = {k: v for k, v in state["state_dict"].items() if k.startswith("net.")}
     if set(module.state_dict()) != set(net):  # e.g. MOON's projection head: not in a FedAvg global model
-        raise SystemExit(f"{method} has weights beside its network's; the probe starts only the network from {ckpt}")
+        raise SystemExit(f"{method} has weights beside its network's; the probe starts only the network")
     module.load_state_dict(net)
     fed = OneClient(
         client,
@@ -185,14 +181,15 @@ def main() -> None:
     if "fedavg" not in args.methods:
         parser.error("--methods must include fedavg: every method is paired against it")
     L.seed_everything(0, verbose=False)
-    state, dm, _, federation = run_setting(args.ckpt)
+    setting = run_setting(args.ckpt)  # one datamodule for every probe: its setup() runs once
+    state, dm, _, federation = setting
     num_classes = dm.num_classes
     clients = args.clients if args.clients else list(range(len(dm.client_sizes)))
-    shares = {k: class_shares(dm.client_data(k)[1], num_classes) for k in clients}
+    shares = {k: (dm.client_class_counts[k] / dm.client_class_counts[k].sum()).tolist() for k in clients}
     target = paper_like(shares)
     seed = run_seed(state)
     start = time.perf_counter()
-    acc = {(m, k): probe(args.ckpt, m, k) for m in args.methods for k in clients}
+    acc = {(m, k): probe(setting, m, k) for m in args.methods for k in clients}
     seconds = time.perf_counter() - start
 
     out = Path(args.out)
@@ -208,7 +205,7 @@ def main() -> None:
         )
         for (m, k), a in acc.items():
             blank = [""] * (num_classes + 1)
-            status, cells = ("completed", [round(sum(a) / num_classes, 4), *a]) if a else ("diverged", blank)
+            status, cells = ("completed", [round(mean(a), 4), *a]) if a else ("diverged", blank)
             writer.writerow([m, k, status, cells[0], *(round(s, 4) for s in shares[k]), *cells[1:]])
 
     def cell(value: float | None, width: int) -> str:
