@@ -47,7 +47,7 @@ from _setting import (
 )  # bench/ is on sys.path when run as a script
 
 from fl_lightning import FederatedDataModule, Federation
-from fl_lightning.methods import METHODS
+from fl_lightning.methods import METHODS, FedAvg
 from fl_lightning.rounds import RoundPlan, client_steps
 
 #: A class under this share of a client's data is one of its minority classes.
@@ -77,6 +77,16 @@ def paper_like(shares: dict[int, list[float]]) -> int:
     return min(shares, key=lambda k: (-sum(s < MINORITY for s in shares[k]), entropy(shares[k])))
 
 
+def from_global_model(state: dict[str, Any], hp: dict[str, Any], method: str) -> FedAvg:
+    """``method``'s module holding the checkpoint's network; exits with one line for a method with other weights."""
+    module = METHODS[method](**hp)
+    net = {k: v for k, v in state["state_dict"].items() if k.startswith("net.")}
+    if set(module.state_dict()) != set(net):  # e.g. MOON's projection head: not in a FedAvg global model
+        raise SystemExit(f"{method} has weights beside its network's; the probe starts only the network")
+    module.load_state_dict(net)
+    return module
+
+
 def probe(
     setting: tuple[dict[str, Any], FederatedDataModule, dict[str, Any], dict[str, Any]], method: str, client: int
 ) -> list[float] | None:
@@ -86,11 +96,7 @@ def probe(
     non-finite loss or weights): a result, not an error.
     """
     state, dm, hp, federation = setting
-    module = METHODS[method](**hp)
-    net = {k: v for k, v in state["state_dict"].items() if k.startswith("net.")}
-    if set(module.state_dict()) != set(net):  # e.g. MOON's projection head: not in a FedAvg global model
-        raise SystemExit(f"{method} has weights beside its network's; the probe starts only the network")
-    module.load_state_dict(net)
+    module = from_global_model(state, hp, method)
     fed = OneClient(
         client,
         round_lr_scale(state, federation),
@@ -182,7 +188,9 @@ def main() -> None:
         parser.error("--methods must include fedavg: every method is paired against it")
     L.seed_everything(0, verbose=False)
     setting = run_setting(args.ckpt)  # one datamodule for every probe: its setup() runs once
-    state, dm, _, federation = setting
+    state, dm, hp, federation = setting
+    for m in args.methods:  # a method the probe cannot start fails here, before any probe runs
+        from_global_model(state, hp, m)
     num_classes = dm.num_classes
     clients = args.clients if args.clients else list(range(len(dm.client_sizes)))
     shares = {k: (dm.client_class_counts[k] / dm.client_class_counts[k].sum()).tolist() for k in clients}

@@ -110,3 +110,11 @@ def test_the_probe_trains_at_the_next_rounds_learning_rate(
     assert float(read_csv(run / "metrics.csv")[-1]["lr"]) == pytest.approx(hp["lr"] * 0.5)  # round 2 trained at 0.5
     with pytest.raises(SystemExit, match="eval_every > 1"):
         _setting.rounds_done(state, {**federation, "eval_every": 2})
+
+
+def test_a_method_the_probe_cannot_start_fails_before_any_probe(probed: tuple[Path, Path], tmp_path: Path) -> None:
+    run, _ = probed
+    cmd = [sys.executable, "bench/local_probe.py", "--ckpt", str(run / "checkpoints" / "last.ckpt")]
+    done = subprocess.run([*cmd, "--methods", "fedavg", "moon", "--out", str(tmp_path)], cwd=ROOT, capture_output=True)
+    assert done.returncode != 0 and done.stderr.decode().strip().endswith("the probe starts only the network")
+    assert not (tmp_path / "seed0").exists()  # no probe ran
