@@ -9,7 +9,7 @@ it::
       setting: shard2
       method: fedntd
       metric: final_acc             # final_acc | best_acc | last10_acc | speedup_final_target | speedup_best_target
-                                    # | probe_acc
+                                    # | probe_acc | local_acc_last10
       made_by: python bench/x.py    # optional: the command that wrote per_seed.csv, where it is not `cli.py compare`
 
 The verdict compares the paper's gain of the method over FedAvg (accuracy points, or speedup − 1) with fl_lightning's
@@ -43,7 +43,7 @@ VERDICT_RULES: dict[str, str] = {
     "not run": "no completed run of the method paired with FedAvg in the named comparison",
     "diverged": "every run of the method diverged",
     "reproduced": "every finished run of the method completed and beat FedAvg's run of its seed, by at least half the "
-    "paper's gain on average",
+    "paper's gain on average where the paper prints one",
     "direction only": "the mean paired gain has the paper's sign but not the rest of 'reproduced'",
     "not reproduced": "the mean paired gain is zero or opposite to the paper's",
 }
@@ -60,6 +60,9 @@ METRICS: dict[str, tuple[str, str, str]] = {
     # a probe of one local update from a saved global model (bench/local_probe.py): the local model's class-mean
     # test accuracy, paired with FedAvg's local model from the same global model
     "probe_acc": ("probe_acc", "delta_probe_acc", "points"),
+    # AccL, the local models' mean test accuracy over the last 10 rounds (``eval_local``): per_seed.csv has no paired
+    # column for it, so the gain is the method's value minus FedAvg's of the same seed
+    "local_acc_last10": ("local_acc_last10", "", "points"),
 }
 #: A claim's ``measure`` keys: the required ones, then the optional ones.
 MEASURE_KEYS = ("table", "setting", "method", "metric")
@@ -189,7 +192,10 @@ def measured(rows: Sequence[dict[str, str]], measure: dict[str, Any], seeds: Seq
                 speedup = 0.0
             gain = speedup - 1.0
         else:
-            delta = _float(run[gain_col])
+            if gain_col:
+                delta = _float(run[gain_col])
+            else:
+                delta = None if value is None or base_value is None else value - base_value
             gain = None if delta is None else 100.0 * delta
             value = None if value is None else 100.0 * value
             base_value = None if base_value is None else 100.0 * base_value
@@ -248,7 +254,7 @@ def claim_row(claim: dict[str, Any], results_dir: Path) -> dict[str, Any]:
     gain = paper_gain(claim, "speedup" if kind == "speedup" and claim.get("paper_metric") == "rounds" else "points")
     if kind == "speedup" and claim.get("paper_metric") != "rounds":
         gain = None  # an accuracy claim measured by speed: the paper's gain has no speedup to compare
-    rows = read_per_seed(results_dir, measure["table"], METRICS[measure["metric"]][:2])
+    rows = read_per_seed(results_dir, measure["table"], [c for c in METRICS[measure["metric"]][:2] if c])
     fl, fl0 = measured(rows, measure), measured(rows, measure, seeds=[0])
     row.update(
         paper_gain="" if gain is None else round(gain, 2),

@@ -603,13 +603,26 @@ def write_per_seed(results: Sequence[dict[str, Any]], out_dir: Path) -> Path:
     return out_dir / "per_seed.csv"
 
 
-def plot_curves(runs: Sequence[RunRef], setting: str, path: Path, smooth: int = 0) -> Path:
+#: The per-round columns :func:`plot_curves` can draw, with their axis labels.
+CURVE_COLUMNS: dict[str, str] = {
+    "global_acc": "global test accuracy (%)",
+    "local_acc_mean": "AccL: local models' mean test accuracy (%)",
+}
+
+
+def plot_curves(
+    runs: Sequence[RunRef], setting: str, path: Path, smooth: int = 0, column: str = "global_acc"
+) -> Path | None:
     """Learning curves of every method of a setting on one axis (accuracy in %), mean with a min–max band over seeds.
 
     A diverged run's method is marked at the round it diverged in; where some of a method's seeds completed, its
     curve is theirs (as in the tables), else that of its diverged runs up to the first divergence. ``smooth > 1``
-    draws each mean as a moving average over that many evaluations (the raw mean faint behind it).
+    draws each mean as a moving average over that many evaluations (the raw mean faint behind it). ``column``: one of
+    :data:`CURVE_COLUMNS`; AccL (``local_acc_mean``, runs with ``eval_local``) draws nothing and returns None where no
+    run of the setting measured it.
     """
+    if column not in CURVE_COLUMNS:
+        raise ValueError(f"curve column {column!r}: choose one of {sorted(CURVE_COLUMNS)}")
     plt = _pyplot()
     by_method: dict[str, list[dict[int, float]]] = defaultdict(list)
     completed: dict[str, list[dict[int, float]]] = defaultdict(list)
@@ -622,13 +635,15 @@ def plot_curves(runs: Sequence[RunRef], setting: str, path: Path, smooth: int = 
         described = described or _describe(data["summary"])
         if data["summary"].get("status") == "diverged":
             diverged[method] = min(diverged.get(method, math.inf), _divergence_round(data))  # the first
-        rows = [r for r in data["rows"] if math.isfinite(r["global_acc"])]
+        rows = [r for r in data["rows"] if math.isfinite(r.get(column, math.nan))]
         if rows:
-            curve = {int(r["round"]): 100.0 * r["global_acc"] for r in rows}
+            curve = {int(r["round"]): 100.0 * r[column] for r in rows}
             by_method[method].append(curve)
             if data["summary"].get("status") == "completed":
                 completed[method].append(curve)
     by_method.update(completed)  # a method with completed seeds: their curves alone
+    if column != "global_acc" and not by_method:
+        return None
     fig, ax = plt.subplots(figsize=(7, 4.5))
     plotted: set[int] = set()
     for i, (method, curves) in enumerate(by_method.items()):
@@ -654,7 +669,7 @@ def plot_curves(runs: Sequence[RunRef], setting: str, path: Path, smooth: int = 
             row = list(diverged).index(method)
             mark_divergence(ax, diverged[method], color=color, label=f"{method} diverged", row=row)
     integer_round_axis(ax, sorted(plotted))
-    ax.set_ylabel("global test accuracy (%)")
+    ax.set_ylabel(CURVE_COLUMNS[column])
     view = f", moving average over {smooth} rounds" if smooth > 1 else ""
     ax.set_title(f"{described} ({setting}){view}" if described else f"{setting}{view}")
     ax.grid(alpha=0.3)
@@ -738,6 +753,7 @@ def write_report(
         plot_curves(runs, setting, out / f"curves_{setting}.png")
         if smooth > 1:
             plot_curves(runs, setting, out / f"curves_{setting}_ma{smooth}.png", smooth=smooth)
+        plot_curves(runs, setting, out / f"local_curves_{setting}.png", column="local_acc_mean")
         seen = set()
         for s, method, seed, run_dir in runs:
             if s != setting or method in seen:

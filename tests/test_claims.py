@@ -246,3 +246,17 @@ def test_a_papers_failed_is_reproduced_by_divergence_or_chance(tmp_path: Path) -
     path.write_text(yaml.safe_dump({"claims": [bad]}))
     with pytest.raises(ValueError, match="paper_failed needs an accuracy metric"):
         claims.load_claims(path)
+
+
+def test_a_local_accuracy_claim_pairs_the_values_of_each_seed(tmp_path: Path) -> None:
+    # per_seed.csv has no paired column for AccL: the gain is the method's value minus FedAvg's of the same seed
+    runs = [run("fedavg", s, 0.8, 0.8, local_acc_last10=a) for s, a in enumerate([0.80, 0.82, 0.81])]
+    runs += [run("fedcad", s, 0.8, 0.8, local_acc_last10=a) for s, a in enumerate([0.85, 0.83, ""])]
+    write_per_seed(tmp_path, "t", runs)
+    paper = {**claim("l", "FedCAD", 0, 0, metric="local_acc_last10"), "fedavg": None, "method_value": None}
+    row = claims.claim_row(paper, tmp_path)
+    assert row["seeds"] == "0 1"  # seed 2 ran without eval_local: nothing to pair
+    assert row["fl_gain_mean"] == pytest.approx(3.0) and row["fl_gain_std"] == pytest.approx(2.83, abs=0.01)
+    assert row["fl_fedavg"] == "81.00 ± 1.41" and row["fl_method_value"] == "84.00 ± 1.41"
+    assert row["paper_gain"] == "" and row["wins"] == "2/2"
+    assert row["verdict"] == "direction only"  # seed 2 completed but is not paired: not every run won

@@ -103,6 +103,26 @@ def test_report_writes_smoothed_view(tmp_path):
     runs = [("s", "fedavg", 0, _run(tmp_path / "a", [0.1, 0.4, 0.5, 0.6]))]
     out = write_report("t", tmp_path, runs, "fedavg", smooth=3)
     assert (out / "curves_s.png").exists() and (out / "curves_s_ma3.png").exists()
+    assert not (out / "local_curves_s.png").exists()  # no run measured AccL
+
+
+def test_local_accuracy_curves_of_runs_with_eval_local(tmp_path, figures):
+    with_local = _run(tmp_path / "a", [0.5, 0.6, 0.7])
+    lines = (with_local / "metrics.csv").read_text().splitlines()
+    lines = [lines[0] + ",local_acc_mean"] + [
+        f"{row},{acc}" for row, acc in zip(lines[1:], ["nan", 0.4, 0.45], strict=True)
+    ]
+    (with_local / "metrics.csv").write_text("\n".join(lines) + "\n")
+    runs = [("s", "fedcad", 0, with_local), ("s", "fedavg", 0, _run(tmp_path / "b", [0.5, 0.6, 0.6]))]
+    out = write_report("t", tmp_path, runs, "fedavg")
+    assert (out / "local_curves_s.png").stat().st_size > 0
+    ax = next(fig.axes[0] for fig in figures if "AccL" in fig.axes[0].get_ylabel())
+    drawn = {line.get_label(): line for line in ax.lines if not line.get_label().startswith("_")}
+    assert list(drawn) == ["fedcad"]  # fedavg's run has no AccL column: no line
+    assert list(drawn["fedcad"].get_xdata()) == [2, 3]  # round 1 was not measured (nan)
+    assert list(drawn["fedcad"].get_ydata()) == pytest.approx([40.0, 45.0])
+    with pytest.raises(ValueError, match="curve column 'x'"):
+        plot_curves(runs, "s", tmp_path / "c.png", column="x")
 
 
 def test_no_module_imports_matplotlib_at_import_time():
