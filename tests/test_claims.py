@@ -166,7 +166,8 @@ def test_shipped_claims_table_and_readme_are_the_files_numbers(tmp_path: Path) -
     settings = (tmp_path / "claims_settings.md").read_text()
     assert settings == (ROOT / "results/claims/claims_settings.md").read_text(), "run `python cli.py claims`"
     papers = [line for line in settings.splitlines() if line.startswith("- paper: ")]
-    assert len(papers) == 25 and all('"' in line for line in papers), papers  # each claim names its paper's title
+    shipped = claims.load_claims(ROOT / "results/claims/paper_claims.yaml")
+    assert len(papers) == len(shipped) >= 26 and all('"' in line for line in papers), papers  # each names its title
     assert includes.stale_sections(ROOT / "README.md") == [], "run `python cli.py claims`"
     args = ["--check", "--claims", str(ROOT / "results/claims/paper_claims.yaml"), "--readme", str(ROOT / "README.md")]
     assert claims.main(args) == 0
