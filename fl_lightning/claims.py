@@ -9,7 +9,7 @@ it::
       setting: shard2
       method: fedntd
       metric: final_acc             # final_acc | best_acc | last10_acc | speedup_final_target | speedup_best_target
-                                    # | probe_acc | local_acc_last10
+                                    # | probe_acc | local_acc_last10 | forgetting
       made_by: python bench/x.py    # optional: the command that wrote per_seed.csv, where it is not `cli.py compare`
 
 The verdict compares the paper's gain of the method over FedAvg (accuracy points, or speedup − 1) with fl_lightning's
@@ -63,6 +63,9 @@ METRICS: dict[str, tuple[str, str, str]] = {
     # AccL, the local models' mean test accuracy over the last 10 rounds (``eval_local``): per_seed.csv has no paired
     # column for it, so the gain is the method's value minus FedAvg's of the same seed
     "local_acc_last10": ("local_acc_last10", "", "points"),
+    # forgetting F (FedNTD eq. 5) x 100, the method's minus FedAvg's of the same seed; lower is better, so a paper's
+    # claim of less forgetting has a negative gain and is reproduced by negative ones
+    "forgetting": ("forgetting", "", "points"),
 }
 #: A claim's ``measure`` keys: the required ones, then the optional ones.
 MEASURE_KEYS = ("table", "setting", "method", "metric")
@@ -332,12 +335,13 @@ def claims_markdown(claims: Sequence[dict[str, Any]], rows: Sequence[dict[str, A
     rules = "; ".join(f"**{name}**: {text}" for name, text in VERDICT_RULES.items())
     lines += [
         "",
-        "Gain: method − FedAvg in accuracy points (paired by seed: same partition and sampling), or the speedup "
-        "in rounds to FedAvg's accuracy; fl_lightning's as mean ± std over the paired seeds, with the seeds the "
-        f'method wins. Verdicts: {rules}. A paper\'s "Failed" is reproduced when every run of the method diverged '
-        f"or ended within {FAILED_MARGIN:g} points of chance. The last column is the verdict seed 0 alone would give. "
-        "Each claim's "
-        "source, the paper's setting and every difference from fl_lightning's: `claims_settings.md`.",
+        "Gain: method − FedAvg in accuracy points (paired by seed: same partition and sampling), in forgetting F "
+        "× 100 (a `forgetting` row, where lower is better: the paper's negative gain is won by negative ones), or "
+        "the speedup in rounds to FedAvg's accuracy; fl_lightning's as mean ± std over the paired seeds, with the "
+        f'seeds the method wins. Verdicts: {rules}. A paper\'s "Failed" is reproduced when every run of the method '
+        f"diverged or ended within {FAILED_MARGIN:g} points of chance. The last column is the verdict seed 0 alone "
+        "would give. Each claim's source, the paper's setting and every difference from fl_lightning's: "
+        "`claims_settings.md`.",
     ]
     reasons = [(row["id"], row["reason"]) for row in rows if row["reason"] and row["verdict"] != "not run"]
     reasons += [(row["id"], row["reason"]) for row in rows if row["reason"] and row["verdict"] == "not run"]

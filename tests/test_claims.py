@@ -261,3 +261,17 @@ def test_a_local_accuracy_claim_pairs_the_values_of_each_seed(tmp_path: Path) ->
     assert row["fl_fedavg"] == "81.00 ± 1.41" and row["fl_method_value"] == "84.00 ± 1.41"
     assert row["paper_gain"] == "" and row["wins"] == "2/2"
     assert row["verdict"] == "direction only"  # seed 2 completed but is not paired: not every run won
+
+
+def test_less_forgetting_is_a_negative_gain(tmp_path: Path) -> None:
+    runs = [run("fedavg", s, 0.8, 0.8, forgetting=f) for s, f in enumerate([0.20, 0.22, 0.18])]
+    runs += [run("fedntd", s, 0.8, 0.8, forgetting=f) for s, f in enumerate([0.15, 0.18, 0.19])]
+    write_per_seed(tmp_path, "t", runs)
+    row = claims.claim_row(claim("f", "FedNTD", 20.0, 13.0, metric="forgetting"), tmp_path)  # F x 100
+    assert row["paper_gain"] == pytest.approx(-7.0) and row["fl_gain_mean"] == pytest.approx(-2.67, abs=0.01)
+    assert row["fl_fedavg"] == "20.00 ± 2.00" and row["wins"] == "2/3"  # seed 2 forgot more
+    assert row["verdict"] == "direction only"
+    runs[-1]["forgetting"] = 0.15
+    write_per_seed(tmp_path / "again", "t", runs)
+    row = claims.claim_row(claim("f", "FedNTD", 20.0, 13.0, metric="forgetting"), tmp_path / "again")
+    assert (row["wins"], row["verdict"]) == ("3/3", "reproduced")  # mean -4: at least half the paper's -7
