@@ -67,6 +67,8 @@ METRICS: dict[str, tuple[str, str, str]] = {
     # claim of less forgetting has a negative gain and is reproduced by negative ones
     "forgetting": ("forgetting", "", "points"),
 }
+#: Metrics where lower is better: a claim with no paper numbers is won by a negative gain; no paper "Failed" by them.
+LOWER_IS_BETTER = frozenset({"forgetting"})
 #: A claim's ``measure`` keys: the required ones, then the optional ones.
 MEASURE_KEYS = ("table", "setting", "method", "metric")
 MEASURE_OPTIONAL = ("made_by",)
@@ -124,7 +126,8 @@ def load_claims(path: Path) -> list[dict[str, Any]]:
             if measure["metric"] not in METRICS:
                 metric, choices = measure["metric"], ", ".join(METRICS)
                 raise ValueError(f"{path}: claim {claim['id']}: unknown metric {metric!r}; choose from {choices}")
-            if claim.get("paper_failed") and METRICS[measure["metric"]][2] != "points":
+            lower = measure["metric"] in LOWER_IS_BETTER
+            if claim.get("paper_failed") and (METRICS[measure["metric"]][2] != "points" or lower):
                 raise ValueError(f"{path}: claim {claim['id']}: paper_failed needs an accuracy metric")
             if claim.get("paper_metric") == "rounds" and METRICS[measure["metric"]][2] != "speedup":
                 raise ValueError(
@@ -181,12 +184,14 @@ def measured(rows: Sequence[dict[str, str]], measure: dict[str, Any], seeds: Seq
     mine = {int(r["seed"]): r for r in pick if r["method"] == measure["method"]}
     base = {int(r["seed"]): r for r in pick if r["method"] == BASELINE and r["status"] == "completed"}
     out: dict[str, Any] = {"kind": kind, "seeds": [], "values": [], "base": [], "gains": [], "missed_target": 0}
+    out["pairs"] = 0  # seeds where the method's run and FedAvg's both completed, whether or not they hold the value
     out["runs"] = sum(1 for r in mine.values() if r["status"] != "missing")  # runs not started yet do not count
     out["diverged"] = sum(1 for r in mine.values() if r["status"] == "diverged")
     for seed in sorted(mine):
         run = mine[seed]
         if run["status"] != "completed" or seed not in base or run.get("paired") == "False":
             continue
+        out["pairs"] += 1
         value, base_value = _float(run[value_col]), _float(base[seed][value_col])
         if kind == "speedup":
             speedup = _float(run[gain_col])
@@ -211,12 +216,22 @@ def measured(rows: Sequence[dict[str, str]], measure: dict[str, Any], seeds: Seq
     return out
 
 
-def verdict(paper: float | None, fl: dict[str, Any]) -> str:
-    """One of :data:`VERDICT_RULES` for the paper's gain ``paper`` and :func:`measured`'s ``fl``."""
+def _sign(paper: float | None, lower_is_better: bool) -> float:
+    """The sign a winning gain has: the paper's, else -1 where lower is better."""
+    if paper is not None:
+        return -1.0 if paper < 0 else 1.0
+    return -1.0 if lower_is_better else 1.0
+
+
+def verdict(paper: float | None, fl: dict[str, Any], lower_is_better: bool = False) -> str:
+    """One of :data:`VERDICT_RULES` for the paper's gain ``paper`` and :func:`measured`'s ``fl``.
+
+    ``lower_is_better``: the metric's direction (:data:`LOWER_IS_BETTER`), used where the paper prints no numbers.
+    """
     gains = fl["gains"]
     if not gains:
         return "diverged" if fl["runs"] and fl["diverged"] == fl["runs"] else "not run"
-    sign = -1.0 if paper is not None and paper < 0 else 1.0
+    sign = _sign(paper, lower_is_better)
     mean = sum(gains) / len(gains)
     if sign * mean <= 0:
         return "not reproduced"
@@ -259,6 +274,7 @@ def claim_row(claim: dict[str, Any], results_dir: Path) -> dict[str, Any]:
         gain = None  # an accuracy claim measured by speed: the paper's gain has no speedup to compare
     rows = read_per_seed(results_dir, measure["table"], [c for c in METRICS[measure["metric"]][:2] if c])
     fl, fl0 = measured(rows, measure), measured(rows, measure, seeds=[0])
+    lower = measure["metric"] in LOWER_IS_BETTER
     row.update(
         paper_gain="" if gain is None else round(gain, 2),
         fl_table=measure["table"],
@@ -266,8 +282,8 @@ def claim_row(claim: dict[str, Any], results_dir: Path) -> dict[str, Any]:
         fl_method=measure["method"],
         fl_metric=measure["metric"],
         seeds=" ".join(map(str, fl["seeds"])),
-        verdict=verdict(gain, fl),
-        verdict_seed0=verdict(gain, fl0),
+        verdict=verdict(gain, fl, lower),
+        verdict_seed0=verdict(gain, fl0, lower),
     )
     if claim.get("paper_failed"):  # the paper reports the method as "Failed": did it fail here too?
         chance = float(claim.get("chance", 10.0))
@@ -275,13 +291,21 @@ def claim_row(claim: dict[str, Any], results_dir: Path) -> dict[str, Any]:
     row.update(
         diverged=f"{fl['diverged']}/{fl['runs']}" if fl["diverged"] else "",
     )
-    if row["verdict"] == "not run" and not row["reason"]:
+    if row["verdict"] == "not run" and not row["reason"] and fl["pairs"]:
+        row["reason"] = (
+            f"its {fl['pairs']} completed pair(s) of runs hold no {METRICS[measure['metric']][0]} to compare: run them "
+            "again so that they record it (AccL and the forgetting degree need --federation.eval_local true)"
+        )
+    elif row["verdict"] == "not run" and not row["reason"]:
         command = measure.get("made_by") or f"bash scripts/paper_tables.sh {measure['table']}"
-        row["reason"] = f"not run yet: `{command}` runs it and writes its report in results/{measure['table']}/"
+        row["reason"] = (
+            f"no finished pair yet: `{command}` runs it (resuming unfinished runs) and writes its report in "
+            f"results/{measure['table']}/"
+        )
     if fl["gains"]:
         mean, std = mean_std(fl["gains"])
         row.update(fl_gain_mean=round(mean, 2), fl_gain_std=round(std, 2))
-        sign = -1.0 if gain is not None and gain < 0 else 1.0
+        sign = _sign(gain, lower)
         row["wins"] = f"{sum(1 for g in fl['gains'] if sign * g > 0)}/{len(fl['gains'])}"
         if fl["missed_target"]:
             row["wins"] += f", {fl['missed_target']} never reached FedAvg's accuracy"

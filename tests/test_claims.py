@@ -275,3 +275,27 @@ def test_less_forgetting_is_a_negative_gain(tmp_path: Path) -> None:
     write_per_seed(tmp_path / "again", "t", runs)
     row = claims.claim_row(claim("f", "FedNTD", 20.0, 13.0, metric="forgetting"), tmp_path / "again")
     assert (row["wins"], row["verdict"]) == ("3/3", "reproduced")  # mean -4: at least half the paper's -7
+
+
+def test_a_lower_is_better_claim_without_paper_numbers_is_won_by_less(tmp_path: Path) -> None:
+    runs = [run("fedavg", s, 0.8, 0.8, forgetting=0.2) for s in range(2)]
+    runs += [run("less", s, 0.8, 0.8, forgetting=0.1) for s in range(2)]
+    runs += [run("more", s, 0.8, 0.8, forgetting=0.3) for s in range(2)]
+    write_per_seed(tmp_path, "t", runs)
+    no_numbers = {"fedavg": None, "method_value": None}
+    less = claims.claim_row({**claim("l", "Less", 0, 0, metric="forgetting"), **no_numbers}, tmp_path)
+    more = claims.claim_row({**claim("m", "More", 0, 0, metric="forgetting"), **no_numbers}, tmp_path)
+    assert (less["verdict"], less["wins"]) == ("reproduced", "2/2")
+    assert (more["verdict"], more["wins"]) == ("not reproduced", "0/2")
+
+
+def test_completed_runs_without_the_value_say_what_to_change(tmp_path: Path) -> None:
+    runs = [run("fedavg", 0, 0.8, 0.8), run("fedcad", 0, 0.81, 0.8)]  # no local_acc_last10: eval_local was off
+    write_per_seed(tmp_path, "t", runs)
+    row = claims.claim_row(claim("c", "FedCAD", 1.0, 2.0, metric="local_acc_last10"), tmp_path)
+    assert row["verdict"] == "not run" and "eval_local" in row["reason"] and "paper_tables" not in row["reason"]
+    path = tmp_path / "claims.yaml"
+    bad = {**claim("f", "FedNTD", 20.0, 13.0, metric="forgetting"), "paper_failed": True}
+    path.write_text(yaml.safe_dump({"claims": [bad]}))
+    with pytest.raises(ValueError, match="paper_failed needs an accuracy metric"):
+        claims.load_claims(path)
