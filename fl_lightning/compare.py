@@ -12,6 +12,10 @@ The YAML::
     settings:                               # setting name -> config path template
       shard2: configs/{method}_fmnist_shard2.yaml
     overrides: ["--federation.rounds", "100"]   # extra CLI arguments for every run (optional)
+    variants:                               # a method under its own name with its own arguments (optional): a
+      fedntd_b05:                           # hyperparameter sweep or ablation; list the name under methods
+        method: fedntd                      # the {method} its config is
+        overrides: ["--model.init_args.beta", "0.5"]
     jobs: 1                                 # runs in parallel (each gets cpu_count/jobs threads, or OMP_NUM_THREADS)
     baseline: fedavg                        # the method others are compared with (default: the first)
     smooth: 0                               # > 0: also plot curves as a moving average over this many rounds
@@ -71,6 +75,7 @@ _KEYS = {
     "smooth",
     "notes",
     "published",
+    "variants",
 }
 
 
@@ -116,6 +121,27 @@ def _published(raw: object, spec: CompareSpec, path: str | Path) -> Published:
         raise ValueError(f"{path}: {err}") from None
 
 
+def _variants(raw: object, methods: list[str], path: str | Path) -> dict[str, tuple[str, list[str]]]:
+    """The ``variants`` block: each a method listed under ``methods``, run from another method's config."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: variants must map each variant's name to its method and overrides")
+    out: dict[str, tuple[str, list[str]]] = {}
+    for name, body in raw.items():
+        name = str(name)
+        if not isinstance(body, dict) or "method" not in body or set(body) - {"method", "overrides"}:
+            raise ValueError(f"{path}: variant {name!r} needs 'method' (whose config it runs) and optional 'overrides'")
+        if name not in methods:
+            raise ValueError(f"{path}: variant {name!r} is not one of the methods {methods}; add it there to run it")
+        base = str(body["method"])
+        if base in raw:
+            raise ValueError(f"{path}: variant {name!r} is based on another variant, {base!r}; name a method's config")
+        overrides = _as_list(body.get("overrides") or [], f"variants.{name}.overrides", path, allow_empty=True)
+        out[name] = (base, [str(a) for a in overrides])
+    return out
+
+
 def _as_int(value: object, path: str | Path, key: str = "seeds") -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{path}: {key} takes whole numbers, got {value!r}")
@@ -138,6 +164,8 @@ class CompareSpec:
     smooth: int = 0
     notes: list[str] = field(default_factory=list)
     published: Published | None = None
+    #: variant name -> (the method whose config it runs, its extra CLI arguments)
+    variants: dict[str, tuple[str, list[str]]] = field(default_factory=dict)
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> CompareSpec:
@@ -166,6 +194,7 @@ class CompareSpec:
         )
         if raw.get("published") is not None:
             spec.published = _published(raw["published"], spec, path)
+        spec.variants = _variants(raw.get("variants"), spec.methods, path)
         spec.baseline = str(spec.baseline) if spec.baseline is not None else spec.methods[0]
         if spec.jobs < 1:
             raise ValueError(f"{path}: jobs must be at least 1")
@@ -178,10 +207,14 @@ class CompareSpec:
             raise ValueError(f"{path}: unknown key(s) {unknown}; the keys are {sorted(_KEYS)}")
         for setting, template in spec.settings.items():
             for method in spec.methods:
-                config = _setting_config(template, method, setting)
+                config = _setting_config(template, spec.config_method(method), setting)
                 if not config.exists():
                     raise FileNotFoundError(f"{path}: setting {setting!r}, method {method!r}: no config {config}")
         return spec
+
+    def config_method(self, method: str) -> str:
+        """The method whose config ``method`` runs: a variant's base method, else the method itself."""
+        return self.variants[method][0] if method in self.variants else method
 
     def resolved(self, run: Run) -> dict:
         """The resolved config a run of this comparison trains with (what its ``config.yaml`` must hold)."""
@@ -194,7 +227,7 @@ class CompareSpec:
                 setting,
                 method,
                 seed,
-                _setting_config(template, method, setting),
+                _setting_config(template, self.config_method(method), setting),
                 self.output_dir / setting / method / f"seed{seed}",
             )
             for setting, template in self.settings.items()
@@ -311,6 +344,7 @@ def _fit_args(spec: CompareSpec, run: Run) -> list[str]:
         "--trainer.enable_progress_bar",
         "false",
         *spec.overrides,
+        *(spec.variants[run.method][1] if run.method in spec.variants else []),
     ]
 
 

@@ -205,6 +205,32 @@ def test_compare_reruns_a_run_whose_config_changed(spec_file, capsys):
     assert "Restored" not in (run.run_dir / "stdout.log").read_text()
 
 
+def test_a_variant_runs_its_methods_config_with_its_own_arguments(spec_file):
+    raw = yaml.safe_load(spec_file.read_text())
+    variant = {"method": "fedntd", "overrides": ["--model.init_args.beta", "0.5"]}
+    raw.update(methods=["fedavg", "fedntd", "fedntd_b05"], variants={"fedntd_b05": variant})
+    spec_file.write_text(yaml.safe_dump(raw))
+    spec = CompareSpec.from_yaml(spec_file)
+    runs = {r.method: r for r in spec.runs()}
+    assert runs["fedntd_b05"].config == runs["fedntd"].config
+    assert runs["fedntd_b05"].run_dir.name == "seed0" and runs["fedntd_b05"].run_dir.parent.name == "fedntd_b05"
+    assert spec.resolved(runs["fedntd_b05"])["model"]["init_args"]["beta"] == 0.5
+    assert spec.resolved(runs["fedntd"])["model"]["init_args"]["beta"] == 1.0
+    _fake_finished_run(spec, runs["fedntd"], spec.resolved(runs["fedntd"]))
+    action, why = runs["fedntd_b05"].plan(spec)
+    assert action == "new"  # its own directory: the plain method's finished run is not taken for it
+    for variants, error in [
+        ({"fedntd_b9": variant}, "'fedntd_b9' is not one of the methods"),
+        ({"fedntd_b05": {"overrides": []}}, "needs 'method'"),
+        ({"fedntd_b05": {"method": "fedntd", "beta": 0.5}}, "needs 'method'"),
+        ({"fedntd_b05": {"method": "fedprox"}}, "no config"),
+        ({"fedntd_b05": variant, "fedavg": {"method": "fedntd_b05"}}, "based on another variant"),
+    ]:
+        spec_file.write_text(yaml.safe_dump({**raw, "variants": variants}))
+        with pytest.raises((ValueError, FileNotFoundError), match=error):
+            CompareSpec.from_yaml(spec_file)
+
+
 def test_notes_are_read_as_lines(spec_file):
     spec = yaml.safe_load(spec_file.read_text())
     spec_file.write_text(yaml.safe_dump({**spec, "notes": "one line"}))
