@@ -135,6 +135,8 @@ def _variants(raw: object, methods: list[str], path: str | Path) -> dict[str, tu
         if name not in methods:
             raise ValueError(f"{path}: variant {name!r} is not one of the methods {methods}; add it there to run it")
         base = str(body["method"])
+        if base == name:
+            raise ValueError(f"{path}: variant {name!r} needs a name of its own, not its method's")
         if base in raw:
             raise ValueError(f"{path}: variant {name!r} is based on another variant, {base!r}; name a method's config")
         overrides = _as_list(body.get("overrides") or [], f"variants.{name}.overrides", path, allow_empty=True)

@@ -225,6 +225,7 @@ def test_a_variant_runs_its_methods_config_with_its_own_arguments(spec_file):
         ({"fedntd_b05": {"method": "fedntd", "beta": 0.5}}, "needs 'method'"),
         ({"fedntd_b05": {"method": "fedprox"}}, "no config"),
         ({"fedntd_b05": variant, "fedavg": {"method": "fedntd_b05"}}, "based on another variant"),
+        ({"fedntd": {"method": "fedntd"}}, "a name of its own"),
     ]:
         spec_file.write_text(yaml.safe_dump({**raw, "variants": variants}))
         with pytest.raises((ValueError, FileNotFoundError), match=error):
