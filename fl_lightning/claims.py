@@ -414,14 +414,51 @@ def write_claims(claims_yaml: Path, results_dir: Path, out_dir: Path | None = No
     text = io.StringIO()
     csv.writer(text).writerows(buf)
     write_text_atomic(out / "claims.csv", text.getvalue())
+    plot_claims(rows, out / "claims.png")
     return out / "claims.md", out / "claims.csv"
+
+
+#: A verdict's colour in :func:`plot_claims`.
+VERDICT_COLORS = {"reproduced": "tab:green", "direction only": "tab:orange", "not reproduced": "tab:red"}
+
+
+def plot_claims(rows: Sequence[dict[str, Any]], path: Path) -> Path | None:
+    """A forest plot of the claims measured in points (accuracy, F × 100); None where no such claim is measured.
+
+    One line per claim in the table's order: fl_lightning's paired gain (mean ± std over seeds, coloured by verdict)
+    beside the paper's gain.
+    """
+    shown = [r for r in rows if r["fl_gain_mean"] != "" and METRICS[r["fl_metric"]][2] == "points"]
+    if not shown:
+        return None
+    from fl_lightning.plots import _pyplot, save_figure
+
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(10, 0.32 * len(shown) + 1.8))
+    for y, row in enumerate(shown):
+        n = len(row["seeds"].split())
+        color = VERDICT_COLORS.get(row["verdict"], "tab:gray")
+        ax.errorbar(row["fl_gain_mean"], y, xerr=row["fl_gain_std"] if n > 1 else None, fmt="o", color=color, ms=5)
+        if row["paper_gain"] != "":
+            ax.plot(row["paper_gain"], y, "x", color="black", ms=7)
+    ax.set_yticks(range(len(shown)))
+    ax.set_yticklabels([f"{r['id']} ({len(r['seeds'].split())} seed{'s' * (' ' in r['seeds'])})" for r in shown])
+    ax.invert_yaxis()
+    ax.axvline(0.0, color="gray", lw=0.8)
+    handles = [plt.Line2D([], [], marker="o", ls="", color=c, label=v) for v, c in VERDICT_COLORS.items()]
+    handles.append(plt.Line2D([], [], marker="x", ls="", color="black", label="the paper's gain"))
+    ax.legend(handles=handles, fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=4, frameon=False)
+    ax.set_xlabel("gain over FedAvg, mean ± std over seeds (points; forgetting rows: F × 100, lower is better)")
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    return save_figure(fig, path, dpi=110)
 
 
 def stale_claims(claims_yaml: Path, results_dir: Path) -> list[str]:
     """The files :func:`write_claims` would change, beside ``claims_yaml``."""
     with tempfile.TemporaryDirectory() as tmp:
         write_claims(claims_yaml, results_dir, Path(tmp))
-        fresh = {p.name: p.read_text() for p in Path(tmp).iterdir()}
+        fresh = {p.name: p.read_text() for p in Path(tmp).iterdir() if p.suffix in (".md", ".csv")}
     here = Path(claims_yaml).parent
     return [
         str(here / name)

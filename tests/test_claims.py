@@ -299,3 +299,30 @@ def test_completed_runs_without_the_value_say_what_to_change(tmp_path: Path) -> 
     path.write_text(yaml.safe_dump({"claims": [bad]}))
     with pytest.raises(ValueError, match="paper_failed needs an accuracy metric"):
         claims.load_claims(path)
+
+
+def test_the_claims_plot_shows_each_measured_claim_beside_the_papers_gain(results: Path, tmp_path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    rows = [
+        claims.claim_row(c, results)
+        for c in [
+            claim("good", "Good", 80.0, 83.0, metric="final_acc"),
+            claim("lucky", "Lucky", 80.0, 82.0, metric="final_acc"),
+            claim("r", "Good", 100, 40, metric="speedup_final_target"),  # a speedup: another unit, left out
+            claim("pending", "Other", 80.0, 82.0, metric="final_acc"),  # not measured: left out
+        ]
+    ]
+    kept: list = []
+    close = plt.close
+    plt.close = kept.append  # keep the figure open to read it
+    try:
+        assert claims.plot_claims(rows, tmp_path / "claims.png").stat().st_size > 0
+    finally:
+        plt.close = close
+    ax = kept[0].axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["good (3 seeds)", "lucky (3 seeds)"]
+    papers = [line for line in ax.lines if line.get_marker() == "x"]
+    assert [float(line.get_xdata()[0]) for line in papers] == pytest.approx([3.0, 2.0])
+    plt.close(kept[0])
+    assert claims.plot_claims(rows[2:], tmp_path / "none.png") is None and not (tmp_path / "none.png").exists()
