@@ -16,8 +16,8 @@ The verdict compares the paper's gain of the method over FedAvg (accuracy points
 gain, paired by seed (:data:`VERDICT_RULES`). Each verdict is given over all completed seeds and over seed 0 alone,
 so that a table shows which verdicts a single seed would have got wrong.
 
-``python cli.py claims`` writes ``claims.md`` and ``claims.csv`` next to the YAML and refreshes README's generated
-sections (:mod:`fl_lightning.includes`).
+``python cli.py claims`` writes ``claims.md``, ``claims.csv`` and ``claims.png`` next to the YAML and refreshes
+README's generated sections (:mod:`fl_lightning.includes`).
 """
 
 from __future__ import annotations
