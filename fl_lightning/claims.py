@@ -9,7 +9,7 @@ it::
       setting: shard2
       method: fedntd
       metric: final_acc             # final_acc | best_acc | last10_acc | speedup_final_target | speedup_best_target
-                                    # | probe_acc | local_acc_last10 | forgetting
+                                    # | probe_acc | local_acc_last10 | forgetting | mean_drop
       made_by: python bench/x.py    # optional: the command that wrote per_seed.csv, where it is not `cli.py compare`
 
 The verdict compares the paper's gain of the method over FedAvg (accuracy points, or speedup − 1) with fl_lightning's
@@ -66,9 +66,12 @@ METRICS: dict[str, tuple[str, str, str]] = {
     # forgetting F (FedNTD eq. 5) x 100, the method's minus FedAvg's of the same seed; lower is better, so a paper's
     # claim of less forgetting has a negative gain and is reproduced by negative ones
     "forgetting": ("forgetting", "", "points"),
+    # the mean fall of the global accuracy from one round to the next (:func:`fl_lightning.report.mean_drop`), for
+    # the papers' "more stable" curves; lower is better
+    "mean_drop": ("mean_drop", "", "points"),
 }
 #: Metrics where lower is better: a claim with no paper numbers is won by a negative gain; no paper "Failed" by them.
-LOWER_IS_BETTER = frozenset({"forgetting"})
+LOWER_IS_BETTER = frozenset({"forgetting", "mean_drop"})
 #: A claim's ``measure`` keys: the required ones, then the optional ones.
 MEASURE_KEYS = ("table", "setting", "method", "metric")
 MEASURE_OPTIONAL = ("made_by",)
@@ -360,7 +363,8 @@ def claims_markdown(claims: Sequence[dict[str, Any]], rows: Sequence[dict[str, A
     lines += [
         "",
         "Gain: method − FedAvg in accuracy points (paired by seed: same partition and sampling), in forgetting F "
-        "× 100 (a `forgetting` row, where lower is better: the paper's negative gain is won by negative ones), or "
+        "× 100 or mean round-to-round accuracy drop (`forgetting` and `mean_drop` rows, where lower is better: won "
+        "by negative gains), or "
         "the speedup in rounds to FedAvg's accuracy; fl_lightning's as mean ± std over the paired seeds, with the "
         f'seeds the method wins. Verdicts: {rules}. A paper\'s "Failed" is reproduced when every run of the method '
         f"diverged or ended within {FAILED_MARGIN:g} points of chance. The last column is the verdict seed 0 alone "

@@ -89,6 +89,7 @@ PER_SEED_COLUMNS: tuple[str, ...] = (
     "best_acc",
     "last10_acc",
     "forgetting",
+    "mean_drop",
     "rounds_to_final_target",
     "rounds_to_best_target",
     "delta_final_acc",
@@ -161,6 +162,21 @@ def last10(run: dict[str, Any], column: str) -> float | None:
     return float(np.mean(values[-10:])) if values else None
 
 
+def mean_drop(run: dict[str, Any]) -> float | None:
+    """How much a run's global accuracy oscillates: its mean fall from one evaluated round to the next.
+
+    A rise counts 0, so a learning curve that only rises scores 0; None with under two evaluated rounds.
+    fl_lightning's measure for the papers' "more stable" curves (FedLMD Fig. 6, FedKA's title).
+
+    >>> round(mean_drop({"rows": [{"global_acc": a} for a in (0.5, 0.7, 0.6, 0.8)]}), 4)  # one fall of 0.1 in 3
+    0.0333
+    """
+    accs = [r["global_acc"] for r in run["rows"] if math.isfinite(r["global_acc"])]
+    if len(accs) < 2:
+        return None
+    return float(np.mean([max(0.0, a - b) for a, b in zip(accs, accs[1:], strict=False)]))
+
+
 def seed_result(run: dict[str, Any], base: dict[str, Any] | None) -> dict[str, Any]:
     """One run's row of ``per_seed.csv``.
 
@@ -172,6 +188,7 @@ def seed_result(run: dict[str, Any], base: dict[str, Any] | None) -> dict[str, A
     out["status"] = summary.get("status", "missing")
     for name, key in {**DELTAS, "forgetting": "forgetting"}.items():
         out[name] = summary.get(key) if done else None
+    out["mean_drop"] = mean_drop(run) if done else None
     for name, column in LOCAL.items():
         out[name] = last10(run, column) if done else None
     out["wall_seconds"] = summary.get("wall_seconds")
@@ -237,6 +254,7 @@ def _group_row(setting: str, method: str, runs: list[dict[str, Any]], results: l
             r["summary"]["last10_mean_acc"] for r in done if r["summary"].get("last10_mean_acc") is not None
         ],
         "forgetting": [r["summary"]["forgetting"] for r in done],
+        "mean_drop": [r["mean_drop"] for r in results if r["mean_drop"] is not None],
         **{name: [r[name] for r in results if r[name] is not None] for name in LOCAL},
         "wall_seconds": [r["summary"]["wall_seconds"] for r in done],
         "wall_seconds_all": [
@@ -347,7 +365,7 @@ def fmt_delta(deltas: Sequence[float]) -> str:
 
 def _table_rows(summary: list[dict[str, Any]], baseline: str) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the main table: mean ± std accuracies, forgetting, both targets' rounds and speedups."""
-    header = ["setting", "method", "final acc (%)", "best acc (%)", "last-10 acc (%)", "forgetting F"]
+    header = ["setting", "method", "final acc (%)", "best acc (%)", "last-10 acc (%)", "forgetting F", "mean drop (pp)"]
     for kind in TARGETS:
         header += [f"rounds to {baseline}'s {kind} acc", f"speedup ({baseline}'s {kind} acc)"]
     local = any(s.get(name) for s in summary for name in LOCAL)  # runs with --federation.eval_local
@@ -372,6 +390,7 @@ def _table_rows(summary: list[dict[str, Any]], baseline: str) -> tuple[list[str]
             fmt(s["best_acc"]),
             fmt(s["last10_acc"]),
             fmt(s["forgetting"], scale=1.0, digits=4),
+            fmt(s["mean_drop"]),
         ]
         for kind in TARGETS:
             row += [fmt_rounds(s["targets"][kind]), fmt_speedup(s["targets"][kind])]

@@ -199,13 +199,13 @@ def test_report_paired_tables(paired_comparison):
         "| rounds to fedavg's best acc | speedup (fedavg's best acc) |"
     ) in md
     assert (
-        "| s | fedavg | 56.67 ± 5.77 | 63.33 ± 5.77 | 45.33 ± 7.57 | 0.0100 ± 0.0000 | 3.7 ± 1.2 | 1.00x ± 0.00 |" in md
+        "| s | fedavg | 56.67 ± 5.77 | 63.33 ± 5.77 | 45.33 ± 7.57 | 0.0100 ± 0.0000 | 1.67 ± 1.44 | 3.7 ± 1.2 |" in md
     )
     assert "| 4.0 ± 1.0 | 1.00x ± 0.00 | 110 | completed |" in md
     assert "| s | fedx | 61.67 ± 10.41 | 65.00 ± 5.00 | 56.33 ± 7.37 |" in md
     assert "| 1.7 ± 0.6 | 2.33x ± 0.76 | – (2/3) | – (2/3) | 60 | completed |" in md
     # the completed seed's figures, and the others' fate
-    assert "| s | fedy | 60.00 | 60.00 | 60.00 | 0.0100 | 1.0 | 3.00x | 1.0 | 4.00x | 30 |" in md
+    assert "| s | fedy | 60.00 | 60.00 | 60.00 | 0.0100 | 0.00 | 1.0 | 3.00x | 1.0 | 4.00x | 30 |" in md
     assert "| 1/3 completed; diverged in round 2; 1 not finished |" in md
     assert "Wall time of the comparison: 545 s (0.15 h), the sum of 8 runs' wall_seconds" in md
 
@@ -217,7 +217,7 @@ def test_report_paired_tables(paired_comparison):
 
     with open(out / "results.csv") as f:
         table = list(csv.reader(f))
-    assert len(table) == 4 and table[0][6:10] == [
+    assert len(table) == 4 and table[0][7:11] == [
         "rounds to fedavg's final acc",
         "speedup (fedavg's final acc)",
         "rounds to fedavg's best acc",
@@ -231,7 +231,7 @@ def test_per_seed_csv(paired_comparison):
     with open(out / "per_seed.csv") as f:
         rows = list(csv.reader(f))
     assert rows[0] == list(PER_SEED_COLUMNS)
-    assert rows[0][:13] == [
+    assert rows[0][:14] == [
         "setting",
         "method",
         "seed",
@@ -240,6 +240,7 @@ def test_per_seed_csv(paired_comparison):
         "best_acc",
         "last10_acc",
         "forgetting",
+        "mean_drop",
         "rounds_to_final_target",
         "rounds_to_best_target",
         "delta_final_acc",
@@ -249,18 +250,18 @@ def test_per_seed_csv(paired_comparison):
     by_run = {(r[1], r[2]): dict(zip(rows[0], r, strict=True)) for r in rows[1:]}
     assert len(rows) == 1 + len(PAIRED_CURVES)
     assert list(by_run[("fedavg", "1")].values()) == [
-        "s", "fedavg", "1", "completed", "0.6", "0.6", "0.42", "0.01", "5", "5", "0.0", "0.0", "0.0", "1.0", "1.0",
-        "", "", "110.0",
+        "s", "fedavg", "1", "completed", "0.6", "0.6", "0.42", "0.01", "0.0", "5", "5", "0.0", "0.0", "0.0", "1.0",
+        "1.0", "", "", "110.0",
     ]  # fmt: skip
     assert list(by_run[("fedx", "0")].values()) == [
-        "s", "fedx", "0", "completed", "0.7", "0.7", "0.62", "0.01", "1", "2", "0.2", "0.1", "0.22", "3.0", "2.0",
-        "", "", "50.0",
+        "s", "fedx", "0", "completed", "0.7", "0.7", "0.62", "0.01", "0.0", "1", "2", "0.2", "0.1", "0.22", "3.0",
+        "2.0", "", "", "50.0",
     ]  # fmt: skip
-    assert list(by_run[("fedx", "1")].values())[8:15] == ["2", "2", "-0.1", "0.0", "0.06", "2.5", "2.5"]
+    assert list(by_run[("fedx", "1")].values())[8:16] == ["0.025", "2", "2", "-0.1", "0.0", "0.06", "2.5", "2.5"]
     # seed 2 never reaches fedavg's best accuracy: no rounds, no speedup for that target
-    assert list(by_run[("fedx", "2")].values())[8:15] == ["2", "", "0.05", "-0.05", "0.05", "1.5", ""]
-    assert list(by_run[("fedy", "1")].values()) == ["s", "fedy", "1", "diverged", *[""] * 13, "5.0"]
-    assert list(by_run[("fedy", "2")].values()) == ["s", "fedy", "2", "missing", *[""] * 14]
+    assert list(by_run[("fedx", "2")].values())[9:16] == ["2", "", "0.05", "-0.05", "0.05", "1.5", ""]
+    assert list(by_run[("fedy", "1")].values()) == ["s", "fedy", "1", "diverged", *[""] * 14, "5.0"]
+    assert list(by_run[("fedy", "2")].values()) == ["s", "fedy", "2", "missing", *[""] * 15]
 
 
 def test_unpaired_seed_when_the_baselines_run_is_missing(tmp_path):
