@@ -66,7 +66,7 @@ METRICS: dict[str, tuple[str, str, str]] = {
     # forgetting F (FedNTD eq. 5) x 100, the method's minus FedAvg's of the same seed; lower is better, so a paper's
     # claim of less forgetting has a negative gain and is reproduced by negative ones
     "forgetting": ("forgetting", "", "points"),
-    # the mean fall of the global accuracy from one round to the next (:func:`fl_lightning.report.mean_drop`), for
+    # the mean fall of the global accuracy from one evaluated round to the next (fl_lightning.report.mean_drop), for
     # the papers' "more stable" curves; lower is better
     "mean_drop": ("mean_drop", "", "points"),
 }
@@ -363,8 +363,8 @@ def claims_markdown(claims: Sequence[dict[str, Any]], rows: Sequence[dict[str, A
     lines += [
         "",
         "Gain: method − FedAvg in accuracy points (paired by seed: same partition and sampling), in forgetting F "
-        "× 100 or mean round-to-round accuracy drop (`forgetting` and `mean_drop` rows, where lower is better: won "
-        "by negative gains), or "
+        "× 100 or mean drop of the accuracy from one evaluated round to the next (`forgetting` and `mean_drop` rows, "
+        "where lower is better: won by negative gains), or "
         "the speedup in rounds to FedAvg's accuracy; fl_lightning's as mean ± std over the paired seeds, with the "
         f'seeds the method wins. Verdicts: {rules}. A paper\'s "Failed" is reproduced when every run of the method '
         f"diverged or ended within {FAILED_MARGIN:g} points of chance. The last column is the verdict seed 0 alone "
@@ -407,7 +407,10 @@ def settings_markdown(claims: Sequence[dict[str, Any]], rows: Sequence[dict[str,
 
 
 def write_claims(claims_yaml: Path, results_dir: Path, out_dir: Path | None = None) -> tuple[Path, Path]:
-    """``claims.md``, ``claims_settings.md`` and ``claims.csv`` from the claims YAML and the comparisons' reports."""
+    """``claims.md``, ``claims_settings.md``, ``claims.csv`` and ``claims.png`` from the claims YAML and reports.
+
+    The figure leaves out the papers' "Failed" claims (:func:`plot_claims`).
+    """
     claims = load_claims(claims_yaml)
     rows = [claim_row(c, results_dir) for c in claims]
     out = Path(out_dir) if out_dir is not None else Path(claims_yaml).parent
@@ -418,7 +421,7 @@ def write_claims(claims_yaml: Path, results_dir: Path, out_dir: Path | None = No
     text = io.StringIO()
     csv.writer(text).writerows(buf)
     write_text_atomic(out / "claims.csv", text.getvalue())
-    plot_claims(rows, out / "claims.png")
+    plot_claims([r for c, r in zip(claims, rows, strict=True) if not c.get("paper_failed")], out / "claims.png")
     return out / "claims.md", out / "claims.csv"
 
 
@@ -427,10 +430,12 @@ VERDICT_COLORS = {"reproduced": "tab:green", "direction only": "tab:orange", "no
 
 
 def plot_claims(rows: Sequence[dict[str, Any]], path: Path) -> Path | None:
-    """A forest plot of the claims measured in points (accuracy, F × 100); None where no such claim is measured.
+    """A forest plot of the claims measured in points; None where no such claim is measured.
 
     One line per claim in the table's order: fl_lightning's paired gain (mean ± std over seeds, coloured by verdict)
-    beside the paper's gain.
+    beside the paper's gain, in accuracy points, or forgetting F × 100 or mean drop (labelled "lower is better").
+    Speedup claims (another unit) and claims with no paired gain (not run, diverged) have no line; pass the rows of
+    the papers' "Failed" claims only if they should be drawn, their verdict being about failing, not about a gain.
     """
     shown = [r for r in rows if r["fl_gain_mean"] != "" and METRICS[r["fl_metric"]][2] == "points"]
     if not shown:
@@ -446,13 +451,18 @@ def plot_claims(rows: Sequence[dict[str, Any]], path: Path) -> Path | None:
         if row["paper_gain"] != "":
             ax.plot(row["paper_gain"], y, "x", color="black", ms=7)
     ax.set_yticks(range(len(shown)))
-    ax.set_yticklabels([f"{r['id']} ({len(r['seeds'].split())} seed{'s' * (' ' in r['seeds'])})" for r in shown])
+    labels = [
+        f"{r['id']}{', lower is better' * (r['fl_metric'] in LOWER_IS_BETTER)} "
+        f"({len(r['seeds'].split())} seed{'s' * (' ' in r['seeds'])})"
+        for r in shown
+    ]
+    ax.set_yticklabels(labels)
     ax.invert_yaxis()
     ax.axvline(0.0, color="gray", lw=0.8)
     handles = [plt.Line2D([], [], marker="o", ls="", color=c, label=v) for v, c in VERDICT_COLORS.items()]
     handles.append(plt.Line2D([], [], marker="x", ls="", color="black", label="the paper's gain"))
     ax.legend(handles=handles, fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=4, frameon=False)
-    ax.set_xlabel("gain over FedAvg, mean ± std over seeds (points; forgetting rows: F × 100, lower is better)")
+    ax.set_xlabel("gain over FedAvg, mean ± std over seeds (points)")
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     return save_figure(fig, path, dpi=110)
@@ -495,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[claims] {name} is out of date; run `python cli.py claims`")
         return 1 if stale else 0
     md, csv_path = write_claims(claims_yaml, Path(args.results))
-    print(f"[claims] {md} and {csv_path}")
+    print(f"[claims] {md}, {csv_path} and {md.with_name('claims.png')}")
     changed = includes.refresh(Path(args.readme))
     print(
         f"[claims] {args.readme}: {len(changed)} generated section(s) refreshed"

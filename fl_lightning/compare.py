@@ -7,14 +7,14 @@ The YAML::
 
     name: fmnist_shard2                     # the comparison's name (W&B group, output folder)
     output_dir: runs/compare/fmnist_shard2
-    methods: [fedavg, fedntd, fedlmd]      # names used in {method} below; the first is the baseline
+    methods: [fedavg, fedntd, fedntd_b05]  # {method} below, or a variant's; the first is the baseline
     seeds: [0, 1, 2]
     settings:                               # setting name -> config path template
       shard2: configs/{method}_fmnist_shard2.yaml
     overrides: ["--federation.rounds", "100"]   # extra CLI arguments for every run (optional)
     variants:                               # a method under its own name with its own arguments (optional): a
-      fedntd_b05:                           # hyperparameter sweep or ablation; list the name under methods
-        method: fedntd                      # the {method} its config is
+      fedntd_b05:                           # hyperparameter sweep or ablation, listed under methods
+        method: fedntd                      # the {method} whose config it runs
         overrides: ["--model.init_args.beta", "0.5"]
     jobs: 1                                 # runs in parallel (each gets cpu_count/jobs threads, or OMP_NUM_THREADS)
     baseline: fedavg                        # the method others are compared with (default: the first)
@@ -50,6 +50,7 @@ import yaml
 
 from fl_lightning import shipped_configs
 from fl_lightning.lightning_cli import resolve_config
+from fl_lightning.methods import METHODS
 from fl_lightning.report import Published, write_report
 from fl_lightning.rundir import (
     RunDirError,
@@ -130,8 +131,14 @@ def _variants(raw: object, methods: list[str], path: str | Path) -> dict[str, tu
     out: dict[str, tuple[str, list[str]]] = {}
     for name, body in raw.items():
         name = str(name)
-        if not isinstance(body, dict) or "method" not in body or set(body) - {"method", "overrides"}:
+        if not isinstance(body, dict) or "method" not in body:
             raise ValueError(f"{path}: variant {name!r} needs 'method' (whose config it runs) and optional 'overrides'")
+        unknown = sorted(set(body) - {"method", "overrides"})
+        if unknown:
+            raise ValueError(
+                f"{path}: variant {name!r}: unknown key(s) {unknown}; its keys are method and overrides (arguments go "
+                'in overrides, e.g. overrides: [--model.init_args.beta, "0.5"])'
+            )
         if name not in methods:
             raise ValueError(f"{path}: variant {name!r} is not one of the methods {methods}; add it there to run it")
         base = str(body["method"])
@@ -139,6 +146,12 @@ def _variants(raw: object, methods: list[str], path: str | Path) -> dict[str, tu
             raise ValueError(f"{path}: variant {name!r} needs a name of its own, not its method's")
         if base in raw:
             raise ValueError(f"{path}: variant {name!r} is based on another variant, {base!r}; name a method's config")
+        if name in METHODS:
+            raise ValueError(
+                f"{path}: variant {name!r} has a method's name, so its rows would pass for {name}'s; rename it"
+            )
+        if isinstance(body.get("overrides"), str):
+            raise ValueError(f"{path}: variant {name!r}: overrides must be a list of arguments, e.g. [--a.b, '1']")
         overrides = _as_list(body.get("overrides") or [], f"variants.{name}.overrides", path, allow_empty=True)
         out[name] = (base, [str(a) for a in overrides])
     return out
@@ -212,7 +225,22 @@ class CompareSpec:
                 config = _setting_config(template, spec.config_method(method), setting)
                 if not config.exists():
                     raise FileNotFoundError(f"{path}: setting {setting!r}, method {method!r}: no config {config}")
+                if method in spec.variants and _setting_config(template, method, setting).exists():
+                    own = _setting_config(template, method, setting)
+                    raise ValueError(f"{path}: variant {method!r} has a config of its own, {own}; rename the variant")
+        spec.check_variants(path)
         return spec
+
+    def check_variants(self, path: str | Path) -> None:
+        """Resolve each variant's first run now: an override its method does not take fails here, in one line."""
+        for method in self.variants:
+            run = next(r for r in self.runs() if r.method == method)
+            try:
+                self.resolved(run)
+            except Exception as err:  # the parser's error, whatever its type
+                from fl_lightning.cli import one_line  # here: the CLI imports this module
+
+                raise ValueError(f"{path}: variant {method!r} does not resolve: {one_line(err)}") from err
 
     def config_method(self, method: str) -> str:
         """The method whose config ``method`` runs: a variant's base method, else the method itself."""
@@ -322,7 +350,9 @@ def _command(spec: CompareSpec, run: Run, resume: bool, overwrite: bool = False)
             "--trainer.logger.name",
             f"{run.setting}/{run.method}/seed{run.seed}",
             "--trainer.logger.tags",
-            json.dumps([run.method, f"seed{run.seed}", run.setting]),
+            json.dumps(
+                list(dict.fromkeys([run.method, spec.config_method(run.method), f"seed{run.seed}", run.setting]))
+            ),
             "--trainer.logger.save_dir",
             str(run.run_dir),
         ]

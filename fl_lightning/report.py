@@ -165,7 +165,9 @@ def last10(run: dict[str, Any], column: str) -> float | None:
 def mean_drop(run: dict[str, Any]) -> float | None:
     """How much a run's global accuracy oscillates: its mean fall from one evaluated round to the next.
 
-    A rise counts 0, so a learning curve that only rises scores 0; None with under two evaluated rounds.
+    A rise counts 0, so a learning curve that only rises scores 0; non-finite accuracies are skipped (only completed
+    runs get a value in the reports); None with under two evaluated rounds. With ``eval_every`` > 1 a step spans
+    that many rounds, so compare runs of one ``eval_every``.
     fl_lightning's measure for the papers' "more stable" curves (FedLMD Fig. 6, FedKA's title).
 
     >>> round(mean_drop({"rows": [{"global_acc": a} for a in (0.5, 0.7, 0.6, 0.8)]}), 4)  # one fall of 0.1 in 3
@@ -364,7 +366,11 @@ def fmt_delta(deltas: Sequence[float]) -> str:
 
 
 def _table_rows(summary: list[dict[str, Any]], baseline: str) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the main table: mean ± std accuracies, forgetting, both targets' rounds and speedups."""
+    """Header and rows of the main table (mean ± std over seeds).
+
+    Accuracies, forgetting, mean drop, both targets' rounds and speedups, and with ``eval_local`` the local models'
+    AccL and forgetting degree.
+    """
     header = ["setting", "method", "final acc (%)", "best acc (%)", "last-10 acc (%)", "forgetting F", "mean drop (pp)"]
     for kind in TARGETS:
         header += [f"rounds to {baseline}'s {kind} acc", f"speedup ({baseline}'s {kind} acc)"]
@@ -531,7 +537,9 @@ def _header_lines(title: str, baseline: str, summary: list[dict[str, Any]]) -> l
         "",
         f"Where the runs trained: {where or 'no runs yet'}.",
         "",
-        "Mean ± std over seeds (completed runs only). Rounds to target: the first round a method's global accuracy "
+        "Mean ± std over seeds (completed runs only). Mean drop: the mean fall of the global accuracy from one "
+        "evaluated round to the next, a rise counting 0 (how much the curve oscillates). Rounds to target: the first "
+        "round a method's global accuracy "
         f"reaches the target, each run paired by seed with the {baseline} run of the same setting and seed (the seed "
         f"fixes partition and client sampling); two targets from that {baseline} run, {targets}. Speedup = the "
         f"{baseline} run's rounds to the target / the method's, mean ± std over seeds; – (k/n): only k of the n "

@@ -222,10 +222,13 @@ def test_a_variant_runs_its_methods_config_with_its_own_arguments(spec_file):
     for variants, error in [
         ({"fedntd_b9": variant}, "'fedntd_b9' is not one of the methods"),
         ({"fedntd_b05": {"overrides": []}}, "needs 'method'"),
-        ({"fedntd_b05": {"method": "fedntd", "beta": 0.5}}, "needs 'method'"),
+        ({"fedntd_b05": {"method": "fedntd", "beta": 0.5}}, r"unknown key\(s\) \['beta'\]"),
+        ({"fedntd_b05": {"method": "fedntd", "overrides": "--model.init_args.beta 0.5"}}, "must be a list"),
+        ({"fedntd_b05": {"method": "fedntd", "overrides": ["--model.init_args.bta", "0.5"]}}, "does not resolve"),
         ({"fedntd_b05": {"method": "fedprox"}}, "no config"),
         ({"fedntd_b05": variant, "fedavg": {"method": "fedntd_b05"}}, "based on another variant"),
         ({"fedntd": {"method": "fedntd"}}, "a name of its own"),
+        ({"fedavg": {"method": "fedntd"}}, "has a method's name"),
     ]:
         spec_file.write_text(yaml.safe_dump({**raw, "variants": variants}))
         with pytest.raises((ValueError, FileNotFoundError), match=error):
