@@ -406,10 +406,12 @@ def settings_markdown(claims: Sequence[dict[str, Any]], rows: Sequence[dict[str,
     return "\n".join(lines)
 
 
-def write_claims(claims_yaml: Path, results_dir: Path, out_dir: Path | None = None) -> tuple[Path, Path]:
+def write_claims(
+    claims_yaml: Path, results_dir: Path, out_dir: Path | None = None, plot: bool = True
+) -> tuple[Path, Path]:
     """``claims.md``, ``claims_settings.md``, ``claims.csv`` and ``claims.png`` from the claims YAML and reports.
 
-    The figure leaves out the papers' "Failed" claims (:func:`plot_claims`).
+    The figure leaves out the papers' "Failed" claims (:func:`plot_claims`); ``plot=False`` writes the text files alone.
     """
     claims = load_claims(claims_yaml)
     rows = [claim_row(c, results_dir) for c in claims]
@@ -421,7 +423,8 @@ def write_claims(claims_yaml: Path, results_dir: Path, out_dir: Path | None = No
     text = io.StringIO()
     csv.writer(text).writerows(buf)
     write_text_atomic(out / "claims.csv", text.getvalue())
-    plot_claims([r for c, r in zip(claims, rows, strict=True) if not c.get("paper_failed")], out / "claims.png")
+    if plot:
+        plot_claims([r for c, r in zip(claims, rows, strict=True) if not c.get("paper_failed")], out / "claims.png")
     return out / "claims.md", out / "claims.csv"
 
 
@@ -471,7 +474,7 @@ def plot_claims(rows: Sequence[dict[str, Any]], path: Path) -> Path | None:
 def stale_claims(claims_yaml: Path, results_dir: Path) -> list[str]:
     """The files :func:`write_claims` would change, beside ``claims_yaml``."""
     with tempfile.TemporaryDirectory() as tmp:
-        write_claims(claims_yaml, results_dir, Path(tmp))
+        write_claims(claims_yaml, results_dir, Path(tmp), plot=False)  # the figure is not compared
         fresh = {p.name: p.read_text() for p in Path(tmp).iterdir() if p.suffix in (".md", ".csv")}
     here = Path(claims_yaml).parent
     return [
