@@ -225,16 +225,19 @@ class CompareSpec:
                 config = _setting_config(template, spec.config_method(method), setting)
                 if not config.exists():
                     raise FileNotFoundError(f"{path}: setting {setting!r}, method {method!r}: no config {config}")
-                if method in spec.variants and _setting_config(template, method, setting).exists():
-                    own = _setting_config(template, method, setting)
+                own = _setting_config(template, method, setting)
+                if method in spec.variants and own.exists():
                     raise ValueError(f"{path}: variant {method!r} has a config of its own, {own}; rename the variant")
         spec.check_variants(path)
         return spec
 
     def check_variants(self, path: str | Path) -> None:
         """Resolve each variant's first run now: an override its method does not take fails here, in one line."""
+        firsts = {}
+        for run in self.runs():
+            firsts.setdefault(run.method, run)
         for method in self.variants:
-            run = next(r for r in self.runs() if r.method == method)
+            run = firsts[method]
             try:
                 self.resolved(run)
             except Exception as err:  # the parser's error, whatever its type
@@ -376,7 +379,7 @@ def _fit_args(spec: CompareSpec, run: Run) -> list[str]:
         "--trainer.enable_progress_bar",
         "false",
         *spec.overrides,
-        *(spec.variants[run.method][1] if run.method in spec.variants else []),
+        *spec.variants.get(run.method, ("", []))[1],
     ]
 
 

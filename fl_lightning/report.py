@@ -638,7 +638,12 @@ CURVE_COLUMNS: dict[str, str] = {
 
 
 def plot_curves(
-    runs: Sequence[RunRef], setting: str, path: Path, smooth: int = 0, column: str = "global_acc"
+    runs: Sequence[RunRef],
+    setting: str,
+    path: Path,
+    smooth: int = 0,
+    column: str = "global_acc",
+    read: dict[Path, dict[str, Any] | None] | None = None,
 ) -> Path | None:
     """Learning curves of every method of a setting on one axis (accuracy in %), mean with a min–max band over seeds.
 
@@ -646,7 +651,7 @@ def plot_curves(
     curve is theirs (as in the tables), else that of its diverged runs up to the first divergence. ``smooth > 1``
     draws each mean as a moving average over that many evaluations (the raw mean faint behind it). ``column``: one of
     :data:`CURVE_COLUMNS`; AccL (``local_acc_mean``, runs with ``eval_local``) draws nothing and returns None where no
-    run of the setting measured it.
+    run of the setting measured it. ``read``: each run directory's :func:`read_run`, where the caller has it already.
     """
     if column not in CURVE_COLUMNS:
         raise ValueError(f"curve column {column!r}: choose one of {sorted(CURVE_COLUMNS)}")
@@ -656,7 +661,9 @@ def plot_curves(
     diverged: dict[str, int] = {}
     described = ""
     for s, method, _seed, run_dir in runs:
-        data = read_run(run_dir) if s == setting else None
+        if s != setting:
+            continue
+        data = read[Path(run_dir)] if read is not None and Path(run_dir) in read else read_run(run_dir)
         if not data:
             continue
         described = described or _describe(data["summary"])
@@ -765,6 +772,10 @@ def write_report(
     out = Path(output_dir) / "report"
     out.mkdir(parents=True, exist_ok=True)
     loaded = load_runs(runs)
+    read = {
+        Path(ref[3]): r if r["summary"].get("status") != "missing" else None
+        for ref, r in zip(runs, loaded, strict=True)
+    }
     # A (setting, method) none of whose runs exists yet is left out of the tables, and counted in their header.
     started = {(r["setting"], r["method"]) for r in loaded if r["summary"].get("status") != "missing"}
     unstarted = [r for r in loaded if (r["setting"], r["method"]) not in started]
@@ -777,10 +788,10 @@ def write_report(
     write_per_seed(per_seed_results(loaded, baseline), out)
     plotted = dict.fromkeys(s for s, method, *_ in runs if (s, method) in started) if plots else {}
     for setting in plotted:
-        plot_curves(runs, setting, out / f"curves_{setting}.png")
+        plot_curves(runs, setting, out / f"curves_{setting}.png", read=read)
         if smooth > 1:
-            plot_curves(runs, setting, out / f"curves_{setting}_ma{smooth}.png", smooth=smooth)
-        plot_curves(runs, setting, out / f"local_curves_{setting}.png", column="local_acc_mean")
+            plot_curves(runs, setting, out / f"curves_{setting}_ma{smooth}.png", smooth=smooth, read=read)
+        plot_curves(runs, setting, out / f"local_curves_{setting}.png", column="local_acc_mean", read=read)
         seen = set()
         for s, method, seed, run_dir in runs:
             if s != setting or method in seen:
