@@ -82,10 +82,15 @@ def kill_after(cmd: list[str], ready, delay: float = 0.0) -> bool:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> list[dict[str, str]]:
+def reference_run(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("full") / "run"
     subprocess.run(fit(run_dir), cwd=ROOT, env=ENV, check=True, capture_output=True)
-    return rows(run_dir)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def reference(reference_run: Path) -> list[dict[str, str]]:
+    return rows(reference_run)
 
 
 def _rounds_done(run_dir: Path) -> int:
@@ -109,11 +114,15 @@ def test_sigkill_between_rounds_then_resume_is_identical(tmp_path, reference):
 
 
 @pytest.mark.slow
-def test_sigkill_at_random_points_leaves_no_truncated_file(tmp_path, reference):
+def test_sigkill_at_random_points_leaves_no_truncated_file(tmp_path, reference_run, reference):
+    # The reference run's time from its first file to its last sets the scale, so that the kills fall inside the run
+    # (one in each half) on a fast machine as on a loaded one.
+    span = (reference_run / "summary.json").stat().st_mtime - (reference_run / "partition.csv").stat().st_mtime
     rng = random.Random(0)
-    for trial in range(3):
+    for trial, (low, high) in enumerate([(0.0, 0.5), (0.5, 1.0)]):
         run_dir = tmp_path / f"cut{trial}"
-        kill_after(fit(run_dir), lambda d=run_dir: (d / "partition.csv").exists(), delay=rng.uniform(0.0, 2.0))
+        delay = span * rng.uniform(low, high)
+        kill_after(fit(run_dir), lambda d=run_dir: (d / "partition.csv").exists(), delay=delay)
         assert_no_truncated_file(run_dir)
         if json.loads((run_dir / "summary.json").read_text())["status"] != "completed":  # else it ended before the kill
             resume = fit(run_dir, "--ckpt_path", "last")
