@@ -41,12 +41,14 @@ BASELINE = "fedavg"
 #: What a verdict means, in the order they are checked.
 VERDICT_RULES: dict[str, str] = {
     "not run": "no completed run of the method paired with FedAvg in the named comparison",
-    "diverged": "every run of the method diverged",
+    "diverged": "every finished run of the method diverged",
     "reproduced": "every finished run of the method completed and beat FedAvg's run of its seed, by at least half the "
     "paper's gain on average where the paper prints one",
     "direction only": "the mean paired gain has the paper's sign but not the rest of 'reproduced'",
     "not reproduced": "the mean paired gain is zero or opposite to the paper's",
 }
+#: The run statuses a verdict counts: a run still running, interrupted or failed is left out until it finishes.
+FINISHED = ("completed", "diverged")
 #: A paper's "Failed" (``paper_failed: true``): reproduced when every run diverged or ended within this many points
 #: of chance accuracy (``chance``, default 10 %).
 FAILED_MARGIN = 5.0
@@ -136,6 +138,11 @@ def load_claims(path: Path) -> list[dict[str, Any]]:
                 raise ValueError(
                     f"{path}: claim {claim['id']}: paper_metric rounds needs a speedup metric, got {measure['metric']}"
                 )
+            if not claim.get("paper_failed") and paper_gain(claim, METRICS[measure["metric"]][2]) == 0:
+                raise ValueError(
+                    f"{path}: claim {claim['id']}: the paper's method ties FedAvg (gain 0), which no direction can "
+                    "reproduce; measure a claim with a gain, or leave out fedavg and method_value"
+                )
     return claims
 
 
@@ -188,7 +195,8 @@ def measured(rows: Sequence[dict[str, str]], measure: dict[str, Any], seeds: Seq
     base = {int(r["seed"]): r for r in pick if r["method"] == BASELINE and r["status"] == "completed"}
     out: dict[str, Any] = {"kind": kind, "seeds": [], "values": [], "base": [], "gains": [], "missed_target": 0}
     out["pairs"] = 0  # seeds where the method's run and FedAvg's both completed, whether or not they hold the value
-    out["runs"] = sum(1 for r in mine.values() if r["status"] != "missing")  # runs not started yet do not count
+    # finished runs only: one still running (or interrupted, or failed) neither wins nor loses a seed yet
+    out["runs"] = sum(1 for r in mine.values() if r["status"] in FINISHED)
     out["diverged"] = sum(1 for r in mine.values() if r["status"] == "diverged")
     for seed in sorted(mine):
         run = mine[seed]
@@ -295,10 +303,12 @@ def claim_row(claim: dict[str, Any], results_dir: Path) -> dict[str, Any]:
         diverged=f"{fl['diverged']}/{fl['runs']}" if fl["diverged"] else "",
     )
     if row["verdict"] == "not run" and not row["reason"] and fl["pairs"]:
-        row["reason"] = (
-            f"its {fl['pairs']} completed pair(s) of runs hold no {METRICS[measure['metric']][0]} to compare: run them "
-            "again so that they record it (AccL and the forgetting degree need --federation.eval_local true)"
-        )
+        column = METRICS[measure["metric"]][0]
+        why = {
+            "local_acc_last10": "run them again with --federation.eval_local true, which records AccL",
+            "mean_drop": "a mean drop needs at least two evaluated rounds",
+        }.get(column, "run them again so that they record it")
+        row["reason"] = f"its {fl['pairs']} completed pair(s) of runs hold no {column} to compare: {why}"
     elif row["verdict"] == "not run" and not row["reason"]:
         command = measure.get("made_by") or f"bash scripts/paper_tables.sh {measure['table']}"
         row["reason"] = (
@@ -433,7 +443,7 @@ VERDICT_COLORS = {"reproduced": "tab:green", "direction only": "tab:orange", "no
 
 
 def plot_claims(rows: Sequence[dict[str, Any]], path: Path) -> Path | None:
-    """A forest plot of the claims measured in points; None where no such claim is measured.
+    """A forest plot of the claims measured in points; None (and no file) where no such claim is measured.
 
     One line per claim in the table's order: fl_lightning's paired gain (mean ± std over seeds, coloured by verdict)
     beside the paper's gain, in accuracy points, or forgetting F × 100 or mean drop (labelled "lower is better").
@@ -442,6 +452,7 @@ def plot_claims(rows: Sequence[dict[str, Any]], path: Path) -> Path | None:
     """
     shown = [r for r in rows if r["fl_gain_mean"] != "" and METRICS[r["fl_metric"]][2] == "points"]
     if not shown:
+        Path(path).unlink(missing_ok=True)  # an older figure would show claims that are no longer measured
         return None
     from fl_lightning.plots import _pyplot, save_figure
 
@@ -508,7 +519,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[claims] {name} is out of date; run `python cli.py claims`")
         return 1 if stale else 0
     md, csv_path = write_claims(claims_yaml, Path(args.results))
-    print(f"[claims] {md}, {csv_path} and {md.with_name('claims.png')}")
+    png = md.with_name("claims.png")
+    print(f"[claims] {md}, {csv_path}" + (f" and {png}" if png.is_file() else " (no claim measured in points to plot)"))
     changed = includes.refresh(Path(args.readme))
     print(
         f"[claims] {args.readme}: {len(changed)} generated section(s) refreshed"

@@ -226,7 +226,7 @@ class CompareSpec:
                 if not config.exists():
                     raise FileNotFoundError(f"{path}: setting {setting!r}, method {method!r}: no config {config}")
                 own = _setting_config(template, method, setting)
-                if method in spec.variants and own.exists():
+                if method in spec.variants and own != config and own.exists():  # a fixed path is every method's
                     raise ValueError(f"{path}: variant {method!r} has a config of its own, {own}; rename the variant")
         spec.check_variants(path)
         return spec

@@ -202,6 +202,21 @@ def test_seeds_not_run_yet_do_not_block_a_verdict(tmp_path: Path) -> None:
     assert (row["verdict"], row["seeds"]) == ("reproduced", "0 1")
 
 
+def test_a_seed_still_running_neither_wins_nor_loses(tmp_path: Path) -> None:
+    runs = [run("fedavg", s, 0.8, 0.8) for s in range(3)] + [run("good", s, 0.83, 0.8) for s in range(2)]
+    runs.append({"setting": "s", "method": "good", "seed": 2, "status": "running"})
+    write_per_seed(tmp_path, "t", runs)
+    row = claims.claim_row(claim("g", "Good", 80.0, 83.0, metric="final_acc"), tmp_path)
+    assert (row["verdict"], row["wins"], row["seeds"]) == ("reproduced", "2/2", "0 1")
+
+
+def test_a_paper_tie_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "claims.yaml"
+    path.write_text(yaml.safe_dump({"claims": [claim("t", "Tie", 19.0, 19.0, metric="forgetting")]}))
+    with pytest.raises(ValueError, match="ties FedAvg"):
+        claims.load_claims(path)
+
+
 def test_unpaired_markers_fail(tmp_path: Path) -> None:
     (tmp_path / "a.md").write_text("A\n")
     readme = tmp_path / "README.md"
@@ -294,6 +309,8 @@ def test_completed_runs_without_the_value_say_what_to_change(tmp_path: Path) -> 
     write_per_seed(tmp_path, "t", runs)
     row = claims.claim_row(claim("c", "FedCAD", 1.0, 2.0, metric="local_acc_last10"), tmp_path)
     assert row["verdict"] == "not run" and "eval_local" in row["reason"] and "paper_tables" not in row["reason"]
+    row = claims.claim_row(claim("d", "FedCAD", 1.0, 0.5, metric="mean_drop"), tmp_path)
+    assert "two evaluated rounds" in row["reason"] and "eval_local" not in row["reason"]
     path = tmp_path / "claims.yaml"
     bad = {**claim("f", "FedNTD", 20.0, 13.0, metric="forgetting"), "paper_failed": True}
     path.write_text(yaml.safe_dump({"claims": [bad]}))
@@ -326,3 +343,5 @@ def test_the_claims_plot_shows_each_measured_claim_beside_the_papers_gain(result
     assert [float(line.get_xdata()[0]) for line in papers] == pytest.approx([3.0, 2.0])
     plt.close(kept[0])
     assert claims.plot_claims(rows[2:], tmp_path / "none.png") is None and not (tmp_path / "none.png").exists()
+    assert claims.plot_claims(rows[2:], tmp_path / "claims.png") is None
+    assert not (tmp_path / "claims.png").exists()  # the older figure is gone with the claims it showed

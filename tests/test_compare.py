@@ -219,6 +219,10 @@ def test_a_variant_runs_its_methods_config_with_its_own_arguments(spec_file):
     _fake_finished_run(spec, runs["fedntd"], spec.resolved(runs["fedntd"]))
     action, why = runs["fedntd_b05"].plan(spec)
     assert action == "new"  # its own directory: the plain method's finished run is not taken for it
+    fixed = {**raw, "methods": ["fedntd", "fedntd_b05"], "baseline": "fedntd"}
+    fixed["settings"] = {"digits": raw["settings"]["digits"].format(method="fedntd")}  # one config for every method
+    spec_file.write_text(yaml.safe_dump(fixed))
+    assert CompareSpec.from_yaml(spec_file).variants == {"fedntd_b05": ("fedntd", variant["overrides"])}
     for variants, error in [
         ({"fedntd_b9": variant}, "'fedntd_b9' is not one of the methods"),
         ({"fedntd_b05": {"overrides": []}}, "needs 'method'"),
