@@ -650,8 +650,9 @@ def plot_curves(
     A diverged run's method is marked at the round it diverged in; where some of a method's seeds completed, its
     curve is theirs (as in the tables), else that of its diverged runs up to the first divergence. ``smooth > 1``
     draws each mean as a moving average over that many evaluations (the raw mean faint behind it). ``column``: one of
-    :data:`CURVE_COLUMNS`; AccL (``local_acc_mean``, runs with ``eval_local``) draws nothing and returns None where no
-    run of the setting measured it. ``read``: each run directory's :func:`read_run`, where the caller has it already.
+    :data:`CURVE_COLUMNS`; AccL (``local_acc_mean``, runs with ``eval_local``) draws nothing (removing an older
+    figure at ``path``) and returns None where no run of the setting measured it. ``read``: each run directory's
+    :func:`read_run`, where the caller has it already.
     """
     if column not in CURVE_COLUMNS:
         raise ValueError(f"curve column {column!r}: choose one of {sorted(CURVE_COLUMNS)}")
@@ -677,6 +678,7 @@ def plot_curves(
                 completed[method].append(curve)
     by_method.update(completed)  # a method with completed seeds: their curves alone
     if column != "global_acc" and not by_method:
+        Path(path).unlink(missing_ok=True)  # an older figure of this setting would outlive the runs it showed
         return None
     fig, ax = plt.subplots(figsize=(7, 4.5))
     plotted: set[int] = set()
