@@ -12,7 +12,7 @@
 # background) and start it again at will. In a fresh clone, where runs/ is empty, the runs archived under results/ are
 # copied back into runs/compare/ first, so they are reused rather than run again; so are the unfinished runs that
 # --carry kept under results/unfinished/ (for a run too long for one machine session: commit them, and the next clone
-# resumes them). The t-CNN tables fmnist_fedka_setting and fmnist_fedka_ratio02 are left out by default (13-15 and an
+# resumes them). The t-CNN tables fmnist_fedka_setting and fmnist_fedka_ratio02 are left out by default (about 15 and an
 # estimated 3 hours a run on one CPU core); name them to run them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
