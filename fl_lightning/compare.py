@@ -225,8 +225,10 @@ class CompareSpec:
                 config = _setting_config(template, spec.config_method(method), setting)
                 if not config.exists():
                     raise FileNotFoundError(f"{path}: setting {setting!r}, method {method!r}: no config {config}")
+                if method not in spec.variants:
+                    continue
                 own = _setting_config(template, method, setting)
-                if method in spec.variants and own != config and own.exists():  # a fixed path is every method's
+                if own != config and own.exists():  # a fixed path is every method's config, not the variant's own
                     raise ValueError(f"{path}: variant {method!r} has a config of its own, {own}; rename the variant")
         spec.check_variants(path)
         return spec

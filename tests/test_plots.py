@@ -120,11 +120,11 @@ def test_local_accuracy_curves_of_runs_with_eval_local(tmp_path, figures):
     drawn = {line.get_label(): line for line in ax.lines if not line.get_label().startswith("_")}
     assert list(drawn) == ["fedcad"]  # fedavg's run has no AccL column: no line
     assert list(drawn["fedcad"].get_xdata()) == [2, 3]  # round 1 was not measured (nan)
-    out = write_report("t", tmp_path, runs[1:], "fedavg")  # the AccL run left the comparison
-    assert not (out / "local_curves_s.png").exists()
     assert list(drawn["fedcad"].get_ydata()) == pytest.approx([40.0, 45.0])
     with pytest.raises(ValueError, match="curve column 'x'"):
         plot_curves(runs, "s", tmp_path / "c.png", column="x")
+    out = write_report("t", tmp_path, runs[1:], "fedavg")  # the AccL run left the comparison
+    assert not (out / "local_curves_s.png").exists()
 
 
 def test_no_module_imports_matplotlib_at_import_time():
