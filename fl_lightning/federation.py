@@ -238,6 +238,10 @@ class Federation(Callback):
             trainer.strategy.model = pl_module
         rules.check_lr_schedulers(trainer, self.lr_decay)
         self.server_state = to_device(self.server_state, pl_module.device)
+        if pl_module.device.type == "cpu":
+            busy = rules.busy_cpu_note(processes=trainer.num_devices)
+            if busy is not None:
+                rank_zero_warn(busy)
         self._choose_engine(trainer, pl_module)
 
     def _choose_engine(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -148,6 +148,37 @@ def check_trainer(trainer: L.Trainer, exact_steps_method: str | None = None) -> 
     check_callbacks(trainer)
 
 
+def busy_cpu_note(threads: int | None = None, processes: int = 1) -> str | None:
+    """One line when other work leaves fewer idle CPU cores than this fit's torch threads, else None.
+
+    Torch's CPU threads wait for each other at every operation; a thread whose core another process holds makes the
+    rest wait for it, and a round can run many times slower (the quickstart beside two busy runs on 2 cores: 5.3-5.5 s
+    a round with torch's 2 threads against 0.6-1.1 s with one). A warning, not a change: the thread count can move
+    float results, so the run keeps what the user chose. Nothing is said when ``OMP_NUM_THREADS`` is set (the user
+    chose), when one thread is asked for, or where the load average cannot be read.
+
+    Args:
+        threads: torch's intra-op threads in each process (default: ``torch.get_num_threads()``).
+        processes: processes of this fit on this machine (each with ``threads`` threads).
+    """
+    if os.environ.get("OMP_NUM_THREADS"):
+        return None
+    want = (torch.get_num_threads() if threads is None else threads) * processes
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # no load average on this system
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    idle = cores - load
+    if want <= 1 or idle >= want - 0.5:
+        return None
+    return (
+        f"the CPU is busy (load average {load:.1f} on {cores} cores) and this fit runs {want} torch threads: threads "
+        "that wait for a busy core can make each round several times slower; start it with OMP_NUM_THREADS=1 "
+        "(or as many threads as idle cores) to avoid that"
+    )
+
+
 def check_callbacks(trainer: L.Trainer) -> None:
     """Refuse the callbacks whose work would be wrong under a federation (weight averaging, per-step LR logging)."""
     for callback in trainer.callbacks:

@@ -194,3 +194,53 @@ def test_prepare_trainer_keeps_a_chosen_folder_and_save_last(tmp_path):
     chosen = ModelCheckpoint(save_last=False, save_top_k=1)
     rules.prepare_trainer(bare(tmp_path / "run", callbacks=[chosen]), rounds=2)
     assert Path(chosen.dirpath) == tmp_path / "run" / "checkpoints" and chosen.save_last is False
+
+
+# ---- a busy CPU -----------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def two_cores(monkeypatch):
+    """A 2-core machine whose load average the test sets; OMP_NUM_THREADS unset (torch's default threads)."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(rules.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+
+    def load(value: float) -> None:
+        monkeypatch.setattr(rules.os, "getloadavg", lambda: (value, value, value))
+
+    return load
+
+
+def test_busy_cpu_note_when_other_work_holds_the_cores_threads_need(two_cores):
+    two_cores(1.2)  # another run holds one of the two cores
+    note = rules.busy_cpu_note(threads=2)
+    assert note is not None and "load average 1.2 on 2 cores" in note and "2 torch threads" in note
+    assert "OMP_NUM_THREADS=1" in note
+    assert rules.busy_cpu_note(threads=1, processes=2) is not None  # two processes of one thread each
+    assert rules.busy_cpu_note(threads=1) is None  # one thread fits the idle core
+
+
+def test_no_busy_cpu_note_on_an_idle_machine_or_when_the_user_chose_threads(two_cores, monkeypatch):
+    two_cores(0.3)
+    assert rules.busy_cpu_note(threads=2) is None
+    two_cores(1.9)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert rules.busy_cpu_note(threads=2) is None
+
+
+def test_no_busy_cpu_note_without_a_load_average(two_cores, monkeypatch):
+    def unreadable():
+        raise OSError("no load average")
+
+    monkeypatch.setattr(rules.os, "getloadavg", unreadable)
+    assert rules.busy_cpu_note(threads=2) is None
+
+
+def test_a_fit_on_a_busy_cpu_warns_once_with_the_line(two_cores, tmp_path, monkeypatch):
+    from helpers import tiny_run
+
+    two_cores(1.5)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    with pytest.warns(UserWarning, match="the CPU is busy") as caught:
+        tiny_run(tmp_path, rounds=1)
+    assert sum("the CPU is busy" in str(w.message) for w in caught) == 1
