@@ -116,6 +116,15 @@ def load_runs(runs: Sequence[RunRef]) -> list[dict[str, Any]]:
     return loaded
 
 
+def unfinished_seeds(loaded: Sequence[dict[str, Any]]) -> dict[str, list[int]]:
+    """The seeds of each ``setting/method`` whose run has not finished (neither completed nor diverged)."""
+    out: dict[str, list[int]] = {}
+    for run in loaded:
+        if run["summary"].get("status") not in ("completed", "diverged"):
+            out.setdefault(f"{run['setting']}/{run['method']}", []).append(run["seed"])
+    return out
+
+
 def is_completed(run: dict[str, Any]) -> bool:
     """Whether a loaded run completed (only completed runs enter means and pairings)."""
     return run["summary"].get("status") == "completed"
@@ -778,14 +787,25 @@ def write_report(
         Path(ref[3]): r if r["summary"].get("status") != "missing" else None
         for ref, r in zip(runs, loaded, strict=True)
     }
-    # A (setting, method) none of whose runs exists yet is left out of the tables, and counted in their header.
+    # A (setting, method) none of whose runs exists yet is left out of the tables; the notes count what is unfinished.
     started = {(r["setting"], r["method"]) for r in loaded if r["summary"].get("status") != "missing"}
     unstarted = [r for r in loaded if (r["setting"], r["method"]) not in started]
     loaded = [r for r in loaded if (r["setting"], r["method"]) in started]
     summary = summarize_loaded(loaded, baseline)
-    if unstarted:
-        groups = ", ".join(dict.fromkeys(f"{r['setting']}/{r['method']}" for r in unstarted))
-        notes = [f"Not run yet ({len(unstarted)} of {len(runs)} runs, left out of the tables): {groups}.", *notes]
+    pending = unfinished_seeds(loaded)
+    if unstarted or pending:
+        done = len(runs) - len(unstarted) - sum(len(seeds) for seeds in pending.values())
+        parts = [f"{done} of {len(runs)} runs finished."]
+        if unstarted:
+            groups = ", ".join(dict.fromkeys(f"{r['setting']}/{r['method']}" for r in unstarted))
+            count = f"{len(unstarted)} run{'s' * (len(unstarted) > 1)}"
+            parts.append(f"No run finished yet ({count}, left out of the tables): {groups}.")
+        if pending:
+            listed = "; ".join(
+                f"{group} seed{'s' * (len(seeds) > 1)} {', '.join(map(str, seeds))}" for group, seeds in pending.items()
+            )
+            parts.append(f"Not finished, so not in their rows' figures: {listed}.")
+        notes = [" ".join(parts), *notes]
     write_tables(summary, out, f"{name} (baseline: {baseline})", baseline, notes, published)
     write_per_seed(per_seed_results(loaded, baseline), out)
     plotted = dict.fromkeys(s for s, method, *_ in runs if (s, method) in started) if plots else {}

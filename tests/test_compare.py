@@ -72,7 +72,10 @@ def test_compare_runs_reuses_and_resumes(spec_file, tmp_path, capsys):
     assert [r.state() for r in spec.runs()] == ["new", "partial"]
     partial_md = (spec.output_dir / "report" / "results.md").read_text()
     assert "interrupted" in partial_md
-    assert "Not run yet (1 of 2 runs, left out of the tables): digits/fedavg." in partial_md
+    assert (
+        "0 of 2 runs finished. No run finished yet (1 run, left out of the tables): digits/fedavg. "
+        "Not finished, so not in their rows' figures: digits/fedntd seed 0." in partial_md
+    )
 
     report = run_comparison(spec)
     out = capsys.readouterr().out
@@ -286,7 +289,7 @@ def test_output_dir_overrides_the_yamls(spec_file, tmp_path, capsys):
     elsewhere = tmp_path / "archived"
     assert main(["--config", str(spec_file), "--report-only", "--output-dir", str(elsewhere)]) == 0
     assert f"report: {elsewhere / 'report' / 'results.md'}" in capsys.readouterr().out
-    assert "Not run yet (2 of 2 runs" in (elsewhere / "report" / "results.md").read_text()
+    assert "0 of 2 runs finished. No run finished yet (2 runs" in (elsewhere / "report" / "results.md").read_text()
     assert not (tmp_path / "out").exists()  # the YAML's output_dir is left alone
 
 
