@@ -52,6 +52,7 @@ from fl_lightning import shipped_configs
 from fl_lightning.lightning_cli import resolve_config
 from fl_lightning.methods import METHODS
 from fl_lightning.report import Published, write_report
+from fl_lightning.rules import busy_cpu_note
 from fl_lightning.rundir import (
     RunDirError,
     claim_run_dir,
@@ -410,6 +411,9 @@ def run_comparison(spec: CompareSpec, dry_run: bool = False, report_only: bool =
             f"({spec.jobs} at a time); output in {spec.output_dir}",
             flush=True,
         )
+        busy = busy_cpu_note(threads=_threads_per_run(spec.jobs), processes=min(spec.jobs, len(todo))) if todo else None
+        if busy is not None and not dry_run:
+            print(f"[compare] warning: {busy.replace('this fit runs', 'its fits run')}", flush=True)
         for r in todo:
             action, why = plans[r.run_dir]
             if action == "rerun":

@@ -364,3 +364,19 @@ def test_each_fit_gets_a_share_of_the_cores_unless_omp_num_threads_is_set(monkey
     else:
         monkeypatch.setenv("OMP_NUM_THREADS", given)
     assert _threads_per_run(jobs) == expected
+
+
+def test_compare_on_a_busy_cpu_warns_once_before_its_fits(spec_file, monkeypatch, capsys):
+    from fl_lightning import compare, rules
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(rules.os, "getloadavg", lambda: (1.5, 1.5, 1.5))
+    monkeypatch.setattr(rules.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(compare.os, "cpu_count", lambda: 2)  # jobs 2 on 2 cores: one thread a fit, two fits
+    monkeypatch.setattr(compare.Run, "in_use", lambda self: "another process runs it")  # no fit is started
+    run_comparison(CompareSpec.from_yaml(spec_file))
+    out = capsys.readouterr().out
+    assert out.count("[compare] warning: the CPU is busy (load average 1.5 on 2 cores) and its fits run 2 torch") == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the user chose the threads: nothing said
+    run_comparison(CompareSpec.from_yaml(spec_file))
+    assert "warning" not in capsys.readouterr().out
