@@ -106,3 +106,12 @@ def test_unknown_option_fails_with_one_line(repo: Path) -> None:
     )
     assert proc.returncode == 2
     assert proc.stdout.strip() == "unknown option --carr; use --archive-only or --carry"
+
+
+def test_a_run_that_compare_moved_aside_is_not_archived(repo: Path) -> None:
+    _run_dir(repo / "runs/compare/tiny/s/scaffold/seed0", "diverged")
+    _run_dir(repo / "runs/compare/tiny/s/scaffold/seed0.replaced-20261127-015556", "diverged")
+    _tables(repo)
+    archived = files(repo / "results/tiny")
+    assert "s/scaffold/seed0/summary.json" in archived
+    assert not [p for p in archived if ".replaced-" in p]
