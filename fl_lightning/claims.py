@@ -254,12 +254,17 @@ def verdict(paper: float | None, fl: dict[str, Any], lower_is_better: bool = Fal
 
 
 def failed_verdict(fl: dict[str, Any], chance: float) -> str:
-    """The verdict on a paper's "Failed": did every run of the method diverge or end near chance accuracy?"""
+    """The verdict on a paper's "Failed": did every run of the method diverge or end near chance accuracy?
+
+    Reproduced when every finished run failed so, direction only when some did, not reproduced when none did.
+    """
     if not fl["runs"]:
         return "not run"
     learned = [v for v in fl["values"] if v is not None and v > chance + FAILED_MARGIN]
     done = fl["diverged"] + len(fl["values"])
-    return "reproduced" if done == fl["runs"] and not learned else "not reproduced"
+    if not learned and done == fl["runs"]:
+        return "reproduced"
+    return "direction only" if len(learned) < done else "not reproduced"
 
 
 def claim_row(claim: dict[str, Any], results_dir: Path) -> dict[str, Any]:
@@ -377,7 +382,8 @@ def claims_markdown(claims: Sequence[dict[str, Any]], rows: Sequence[dict[str, A
         "where lower is better: won by negative gains), or "
         "the speedup in rounds to FedAvg's accuracy; fl_lightning's as mean ± std over the paired seeds, with the "
         f'seeds the method wins. Verdicts: {rules}. A paper\'s "Failed" is reproduced when every run of the method '
-        f"diverged or ended within {FAILED_MARGIN:g} points of chance. The last column is the verdict seed 0 alone "
+        f"diverged or ended within {FAILED_MARGIN:g} points of chance, direction only when some did. The last column "
+        "is the verdict seed 0 alone "
         "would give. Each claim's source, the paper's setting and every difference from fl_lightning's: "
         "`claims_settings.md`.",
     ]

@@ -245,7 +245,8 @@ def test_a_papers_failed_is_reproduced_by_divergence_or_chance(tmp_path: Path) -
     runs = [run("fedavg", s, 0.8, 0.8) for s in range(2)]
     runs += [run("gone", s, 0.0, 0.0, status="diverged") for s in range(2)]
     runs += [run("chance", s, 0.12, 0.8) for s in range(2)]  # within 5 points of 10 %
-    runs += [run("learns", 0, 0.6, 0.8), run("learns", 1, 0.1, 0.8)]
+    runs += [run("learns", 0, 0.6, 0.8), run("learns", 1, 0.1, 0.8)]  # fails on one seed of two
+    runs += [run("always", 0, 0.6, 0.8), run("always", 1, 0.7, 0.8)]
     write_per_seed(tmp_path, "t", runs)
 
     def failed(method: str) -> dict:
@@ -256,7 +257,8 @@ def test_a_papers_failed_is_reproduced_by_divergence_or_chance(tmp_path: Path) -
     assert failed("gone")["verdict"] == "reproduced" and failed("gone")["diverged"] == "2/2"
     assert failed("chance")["verdict"] == "reproduced"
     learns = failed("learns")
-    assert (learns["verdict"], learns["verdict_seed0"]) == ("not reproduced", "not reproduced")
+    assert (learns["verdict"], learns["verdict_seed0"]) == ("direction only", "not reproduced")
+    assert failed("always")["verdict"] == "not reproduced"
     path = tmp_path / "claims.yaml"
     bad = {**claim("x", "X", 28.0, 10.0, metric="speedup_final_target"), "paper_failed": True}
     path.write_text(yaml.safe_dump({"claims": [bad]}))
