@@ -7,6 +7,8 @@ import torch
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 torch.set_num_threads(min(2, torch.get_num_threads()))
+# The suite's threads are chosen, not torch's default: a fit on a loaded machine would warn about a busy CPU otherwise.
+os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
 warnings.filterwarnings("ignore", ".*does not have many workers.*")
 warnings.filterwarnings("ignore", ".*GPU available but not used.*")
 
