@@ -14,6 +14,7 @@ averaging callbacks are refused (they would average local models across clients,
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -148,6 +149,32 @@ def check_trainer(trainer: L.Trainer, exact_steps_method: str | None = None) -> 
     check_callbacks(trainer)
 
 
+def busy_cores(interval: float = 0.1) -> float | None:
+    """How many cores other processes keep busy now, or None where this cannot be read.
+
+    Read from ``/proc/stat`` over ``interval`` seconds while this process sleeps (the 1-minute load average lags: right
+    after ``pip install`` an idle machine still reads busy); elsewhere the 1-minute load average.
+    """
+    try:
+        before = _cpu_times()
+        time.sleep(interval)
+        after = _cpu_times()
+    except (OSError, ValueError, IndexError):
+        try:
+            return os.getloadavg()[0]
+        except (AttributeError, OSError):
+            return None
+    total, idle = after[0] - before[0], after[1] - before[1]
+    return 0.0 if total <= 0 else (os.cpu_count() or 1) * (1 - idle / total)
+
+
+def _cpu_times() -> tuple[int, int]:
+    """All CPUs' (total, idle + iowait) time from ``/proc/stat``'s first line, in clock ticks."""
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
+    return sum(fields), fields[3] + fields[4]
+
+
 def busy_cpu_note(threads: int | None = None, processes: int = 1) -> str | None:
     """One line when other work leaves fewer idle CPU cores than this fit's torch threads, else None.
 
@@ -155,7 +182,7 @@ def busy_cpu_note(threads: int | None = None, processes: int = 1) -> str | None:
     rest wait for it, and a round can run many times slower (the quickstart beside two busy runs on 2 cores: 5.3-5.5 s
     a round with torch's 2 threads against 0.6-1.1 s with one). A warning, not a change: the thread count can move
     float results, so the run keeps what the user chose. Nothing is said when ``OMP_NUM_THREADS`` is set (the user
-    chose), when one thread is asked for, or where the load average cannot be read.
+    chose), when one thread is asked for, or where the CPU's load cannot be read (:func:`busy_cores`).
 
     Args:
         threads: torch's intra-op threads in each process (default: ``torch.get_num_threads()``).
@@ -164,16 +191,17 @@ def busy_cpu_note(threads: int | None = None, processes: int = 1) -> str | None:
     if os.environ.get("OMP_NUM_THREADS"):
         return None
     want = (torch.get_num_threads() if threads is None else threads) * processes
-    try:
-        load = os.getloadavg()[0]
-    except (AttributeError, OSError):  # no load average on this system
+    if want <= 1:
+        return None
+    busy = busy_cores()
+    if busy is None:
         return None
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    idle = cores - load
-    if want <= 1 or idle >= want - 0.5:
+    if cores - busy >= want - 0.5:
         return None
     return (
-        f"the CPU is busy (load average {load:.1f} on {cores} cores) and this fit runs {want} torch threads: threads "
+        f"the CPU is busy (other processes keep {busy:.1f} of {cores} cores busy) and this fit runs {want} torch "
+        "threads: threads "
         "that wait for a busy core can make each round several times slower; start it with OMP_NUM_THREADS=1 "
         "(or as many threads as idle cores) to avoid that"
     )

@@ -370,13 +370,14 @@ def test_compare_on_a_busy_cpu_warns_once_before_its_fits(spec_file, monkeypatch
     from fl_lightning import compare, rules
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.setattr(rules.os, "getloadavg", lambda: (1.5, 1.5, 1.5))
+    monkeypatch.setattr(rules, "busy_cores", lambda: 1.5)
     monkeypatch.setattr(rules.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     monkeypatch.setattr(compare.os, "cpu_count", lambda: 2)  # jobs 2 on 2 cores: one thread a fit, two fits
     monkeypatch.setattr(compare.Run, "in_use", lambda self: "another process runs it")  # no fit is started
     run_comparison(CompareSpec.from_yaml(spec_file))
     out = capsys.readouterr().out
-    assert out.count("[compare] warning: the CPU is busy (load average 1.5 on 2 cores) and its fits run 2 torch") == 1
+    line = "[compare] warning: the CPU is busy (other processes keep 1.5 of 2 cores busy) and its fits run 2 torch"
+    assert out.count(line) == 1
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the user chose the threads: nothing said
     run_comparison(CompareSpec.from_yaml(spec_file))
     assert "warning" not in capsys.readouterr().out

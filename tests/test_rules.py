@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import lightning as L
@@ -201,12 +202,12 @@ def test_prepare_trainer_keeps_a_chosen_folder_and_save_last(tmp_path):
 
 @pytest.fixture
 def two_cores(monkeypatch):
-    """A 2-core machine whose load average the test sets; OMP_NUM_THREADS unset (torch's default threads)."""
+    """A 2-core machine whose busy cores the test sets; OMP_NUM_THREADS unset (torch's default threads)."""
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(rules.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
 
-    def load(value: float) -> None:
-        monkeypatch.setattr(rules.os, "getloadavg", lambda: (value, value, value))
+    def load(value: float | None) -> None:
+        monkeypatch.setattr(rules, "busy_cores", lambda: value)
 
     return load
 
@@ -214,7 +215,7 @@ def two_cores(monkeypatch):
 def test_busy_cpu_note_when_other_work_holds_the_cores_threads_need(two_cores):
     two_cores(1.2)  # another run holds one of the two cores
     note = rules.busy_cpu_note(threads=2)
-    assert note is not None and "load average 1.2 on 2 cores" in note and "2 torch threads" in note
+    assert note is not None and "keep 1.2 of 2 cores busy" in note and "2 torch threads" in note
     assert "OMP_NUM_THREADS=1" in note
     assert rules.busy_cpu_note(threads=1, processes=2) is not None  # two processes of one thread each
     assert rules.busy_cpu_note(threads=1) is None  # one thread fits the idle core
@@ -228,12 +229,27 @@ def test_no_busy_cpu_note_on_an_idle_machine_or_when_the_user_chose_threads(two_
     assert rules.busy_cpu_note(threads=2) is None
 
 
-def test_no_busy_cpu_note_without_a_load_average(two_cores, monkeypatch):
-    def unreadable():
-        raise OSError("no load average")
-
-    monkeypatch.setattr(rules.os, "getloadavg", unreadable)
+def test_no_busy_cpu_note_where_the_load_cannot_be_read(two_cores):
+    two_cores(None)
     assert rules.busy_cpu_note(threads=2) is None
+
+
+def test_busy_cores_reads_proc_stat_over_the_interval_and_falls_back_to_the_load_average(monkeypatch):
+    # (total, idle) ticks: 100 ticks pass, 25 of them idle, on 2 CPUs -> 1.5 cores busy
+    times = iter([(1000, 400), (1100, 425)])
+    monkeypatch.setattr(rules, "_cpu_times", lambda: next(times))
+    monkeypatch.setattr(rules.os, "cpu_count", lambda: 2)
+    assert rules.busy_cores(interval=0) == pytest.approx(1.5)
+
+    def unreadable():
+        raise OSError("no /proc/stat")
+
+    monkeypatch.setattr(rules, "_cpu_times", unreadable)
+    monkeypatch.setattr(rules.os, "getloadavg", lambda: (0.7, 0.5, 0.4))
+    assert rules.busy_cores(interval=0) == 0.7
+    if rules.os.path.exists("/proc/stat"):  # the real reading is a number of cores
+        monkeypatch.undo()
+        assert 0.0 <= rules.busy_cores(interval=0.05) <= (os.cpu_count() or 1) + 0.01
 
 
 def test_a_fit_on_a_busy_cpu_warns_once_with_the_line(two_cores, tmp_path, monkeypatch):
