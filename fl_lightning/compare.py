@@ -402,6 +402,7 @@ def run_comparison(spec: CompareSpec, dry_run: bool = False, report_only: bool =
     todo = [r for r in runs if plans.get(r.run_dir, ("reuse", ""))[0] != "reuse"]
     # Interrupted runs first, then seed by seed: a comparison stopped early has whole seeds, seed 0 first.
     todo.sort(key=lambda r: (plans[r.run_dir][0] != "resume", spec.seeds.index(r.seed)))
+    threads = _threads_per_run(spec.jobs)
     if report_only:
         done = sum(r.state() == "done" for r in runs)
         print(f"[compare] {spec.name}: report only, {done} of {len(runs)} runs finished", flush=True)
@@ -411,9 +412,9 @@ def run_comparison(spec: CompareSpec, dry_run: bool = False, report_only: bool =
             f"({spec.jobs} at a time); output in {spec.output_dir}",
             flush=True,
         )
-        busy = busy_cpu_note(threads=_threads_per_run(spec.jobs), processes=min(spec.jobs, len(todo))) if todo else None
-        if busy is not None and not dry_run:
-            print(f"[compare] warning: {busy.replace('this fit runs', 'its fits run')}", flush=True)
+        busy = busy_cpu_note(threads, min(spec.jobs, len(todo)), "its fits run") if todo and not dry_run else None
+        if busy is not None:
+            print(f"[compare] warning: {busy}", flush=True)
         for r in todo:
             action, why = plans[r.run_dir]
             if action == "rerun":
@@ -422,7 +423,6 @@ def run_comparison(spec: CompareSpec, dry_run: bool = False, report_only: bool =
                     f"to {r.run_dir.name}.replaced-<time>",
                     flush=True,
                 )
-    threads = _threads_per_run(spec.jobs)
     started = time.time()
     finished = 0
     fits: set[subprocess.Popen] = set()  # the fits running now, stopped with the comparison on Ctrl-C

@@ -238,7 +238,7 @@ class Federation(Callback):
             trainer.strategy.model = pl_module
         rules.check_lr_schedulers(trainer, self.lr_decay)
         self.server_state = to_device(self.server_state, pl_module.device)
-        if pl_module.device.type == "cpu":
+        if pl_module.device.type == "cpu" and trainer.is_global_zero:  # one reading, by the process that warns
             busy = rules.busy_cpu_note(processes=trainer.num_devices)
             if busy is not None:
                 rank_zero_warn(busy)

@@ -175,7 +175,7 @@ def _cpu_times() -> tuple[int, int]:
     return sum(fields), fields[3] + fields[4]
 
 
-def busy_cpu_note(threads: int | None = None, processes: int = 1) -> str | None:
+def busy_cpu_note(threads: int | None = None, processes: int = 1, runner: str = "this fit runs") -> str | None:
     """One line when other work leaves fewer idle CPU cores than this fit's torch threads, else None.
 
     Torch's CPU threads wait for each other at every operation; a thread whose core another process holds makes the
@@ -187,6 +187,7 @@ def busy_cpu_note(threads: int | None = None, processes: int = 1) -> str | None:
     Args:
         threads: torch's intra-op threads in each process (default: ``torch.get_num_threads()``).
         processes: processes of this fit on this machine (each with ``threads`` threads).
+        runner: who runs the threads, in the line ("this fit runs", "its fits run").
     """
     if os.environ.get("OMP_NUM_THREADS"):
         return None
@@ -200,10 +201,9 @@ def busy_cpu_note(threads: int | None = None, processes: int = 1) -> str | None:
     if cores - busy >= want - 0.5:
         return None
     return (
-        f"the CPU is busy (other processes keep {busy:.1f} of {cores} cores busy) and this fit runs {want} torch "
-        "threads: threads "
-        "that wait for a busy core can make each round several times slower; start it with OMP_NUM_THREADS=1 "
-        "(or as many threads as idle cores) to avoid that"
+        f"the CPU is busy (other processes keep {busy:.1f} of {cores} cores busy) and {runner} {want} torch "
+        "threads: threads that wait for a busy core can make each round several times slower; start it with "
+        "OMP_NUM_THREADS=1 (or as many threads as idle cores) to avoid that"
     )
 
 
