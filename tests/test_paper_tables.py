@@ -4,6 +4,7 @@ runs (with their checkpoints) under ``results/unfinished/`` and drops them once 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -96,8 +97,15 @@ def test_carry_leaves_out_a_run_over_the_size_limit(repo: Path) -> None:
     run = _run_dir(repo / "runs/compare/tiny/s/fedcurv/seed0", "interrupted", checkpoint=True)
     (run / "checkpoints" / "last.ckpt").write_bytes(b"\0" * (2 << 20))
     out = _tables(repo, "--carry", CARRY_MAX_MB="1")
-    assert "s/fedcurv/seed0: not carried, over 1 MB (CARRY_MAX_MB)" in out
+    # Before: the line did not say that such a run is lost with the machine, nor which limit keeps it.
+    line = next(x for x in out.splitlines() if "s/fedcurv/seed0" in x)
+    assert "NOT carried" in line and "over CARRY_MAX_MB=1" in line and "only runs/ on this machine holds it" in line
     assert not (repo / "results/unfinished/tiny/s/fedcurv").exists()
+
+    suggested = re.search(r"CARRY_MAX_MB=(\d+) keeps it", line)
+    assert suggested is not None
+    _tables(repo, "--carry", CARRY_MAX_MB=suggested.group(1))  # the limit the line names does carry it
+    assert (repo / "results/unfinished/tiny/s/fedcurv/seed0/checkpoints/last.ckpt").stat().st_size == 2 << 20
 
 
 def test_unknown_option_fails_with_one_line(repo: Path) -> None:
