@@ -150,10 +150,11 @@ def check_trainer(trainer: L.Trainer, exact_steps_method: str | None = None) -> 
 
 
 def busy_cores(interval: float = 0.1) -> float | None:
-    """How many cores other processes keep busy now, or None where this cannot be read.
+    """How many of the cores this process may run on other processes keep busy now, or None where this cannot be read.
 
     Read from ``/proc/stat`` over ``interval`` seconds while this process sleeps (the 1-minute load average lags: right
-    after ``pip install`` an idle machine still reads busy); elsewhere the 1-minute load average.
+    after ``pip install`` an idle machine still reads busy), counting only the CPUs in this process's affinity set (a
+    scheduler's job on part of a busy node is not busy itself); elsewhere the 1-minute load average.
     """
     try:
         before = _cpu_times()
@@ -165,14 +166,23 @@ def busy_cores(interval: float = 0.1) -> float | None:
         except (AttributeError, OSError):
             return None
     total, idle = after[0] - before[0], after[1] - before[1]
-    return 0.0 if total <= 0 else (os.cpu_count() or 1) * (1 - idle / total)
+    return 0.0 if total <= 0 else after[2] * (1 - idle / total)
 
 
-def _cpu_times() -> tuple[int, int]:
-    """All CPUs' (total, idle + iowait) time from ``/proc/stat``'s first line, in clock ticks."""
-    with open("/proc/stat") as f:
-        fields = [int(v) for v in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
-    return sum(fields), fields[3] + fields[4]
+def _cpu_times(path: str = "/proc/stat") -> tuple[int, int, int]:
+    """(total, idle + iowait) clock ticks summed over the CPUs this process may run on, and how many they are."""
+    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    total = idle = cpus = 0
+    with open(path) as f:
+        for line in f:
+            name, *values = line.split()
+            if not name.startswith("cpu") or name == "cpu" or (allowed is not None and int(name[3:]) not in allowed):
+                continue
+            fields = [int(v) for v in values[:8]]  # user nice system idle iowait irq softirq steal
+            total, idle, cpus = total + sum(fields), idle + fields[3] + fields[4], cpus + 1
+    if cpus == 0:
+        raise ValueError("/proc/stat lists none of this process's CPUs")
+    return total, idle, cpus
 
 
 def busy_cpu_note(threads: int | None = None, processes: int = 1, runner: str = "this fit runs") -> str | None:

@@ -235,10 +235,9 @@ def test_no_busy_cpu_note_where_the_load_cannot_be_read(two_cores):
 
 
 def test_busy_cores_reads_proc_stat_over_the_interval_and_falls_back_to_the_load_average(monkeypatch):
-    # (total, idle) ticks: 100 ticks pass, 25 of them idle, on 2 CPUs -> 1.5 cores busy
-    times = iter([(1000, 400), (1100, 425)])
+    # (total, idle, CPUs) ticks: 100 ticks pass, 25 of them idle, on 2 CPUs -> 1.5 cores busy
+    times = iter([(1000, 400, 2), (1100, 425, 2)])
     monkeypatch.setattr(rules, "_cpu_times", lambda: next(times))
-    monkeypatch.setattr(rules.os, "cpu_count", lambda: 2)
     assert rules.busy_cores(interval=0) == pytest.approx(1.5)
 
     def unreadable():
@@ -250,6 +249,24 @@ def test_busy_cores_reads_proc_stat_over_the_interval_and_falls_back_to_the_load
     if rules.os.path.exists("/proc/stat"):  # the real reading is a number of cores
         monkeypatch.undo()
         assert 0.0 <= rules.busy_cores(interval=0.05) <= (os.cpu_count() or 1) + 0.01
+
+
+def test_cpu_times_count_only_the_cpus_this_process_may_run_on(tmp_path, monkeypatch):
+    # Before: the whole machine's first line was read, so a job pinned to idle cores of a busy node read busy.
+    stat = tmp_path / "stat"
+    stat.write_text(
+        "cpu  300 0 0 60 0 0 0 0 0 0\n"
+        "cpu0 100 0 0 0 0 0 0 0 0 0\n"  # busy, not ours
+        "cpu1 50 0 0 40 10 0 0 0 0 0\n"
+        "cpu2 100 0 0 0 0 0 0 0 0 0\n"  # busy, not ours
+        "cpu3 50 0 0 10 0 0 0 0 0 0\n"
+        "intr 12345 0 0\n"
+    )
+    monkeypatch.setattr(rules.os, "sched_getaffinity", lambda pid: {1, 3}, raising=False)
+    assert rules._cpu_times(str(stat)) == (160, 60, 2)
+    monkeypatch.setattr(rules.os, "sched_getaffinity", lambda pid: {7}, raising=False)
+    with pytest.raises(ValueError, match="none of this process's CPUs"):
+        rules._cpu_times(str(stat))
 
 
 def test_a_fit_on_a_busy_cpu_warns_once_with_the_line(two_cores, tmp_path, monkeypatch):
