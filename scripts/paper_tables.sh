@@ -21,6 +21,7 @@ CARRY_MAX_MB="${CARRY_MAX_MB:-10}"  # a larger unfinished run (100 clients' FedC
 # checkpoints) is not carried, since git keeps every session's copy: it then lives only in runs/ on this machine, and a
 # new machine does not have it (the FedKA setting's FedAvg lost 85 rounds so). Raise it for a run that must outlive
 # the machine: CARRY_MAX_MB=16 for the t-CNN tables.
+[[ "$CARRY_MAX_MB" =~ ^[0-9]+$ ]] || { echo "CARRY_MAX_MB must be a whole number of MB, not '$CARRY_MAX_MB'"; exit 2; }
 DEFAULT=(fmnist_ntd_3seeds fmnist_lda005_3seeds fmnist_fedssd_setting fmnist_niid_bench fmnist_fedssd_k2 fmnist_fedssd_dir01)
 archive_only=false
 carry=false

@@ -123,3 +123,15 @@ def test_a_run_that_compare_moved_aside_is_not_archived(repo: Path) -> None:
     archived = files(repo / "results/tiny")
     assert "s/scaffold/seed0/summary.json" in archived
     assert not [p for p in archived if ".replaced-" in p]
+
+
+def test_a_carry_limit_that_is_not_a_number_fails_with_one_line(repo: Path) -> None:
+    proc = subprocess.run(
+        ["bash", "scripts/paper_tables.sh", "--carry"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        env={"PY": "true", "CARRY_MAX_MB": "16MB"},
+    )
+    assert proc.returncode == 2
+    assert proc.stdout.strip() == "CARRY_MAX_MB must be a whole number of MB, not '16MB'"
