@@ -176,7 +176,9 @@ def _cpu_times(path: str = "/proc/stat") -> tuple[int, int, int]:
     with open(path) as f:
         for line in f:
             name, *values = line.split()
-            if not name.startswith("cpu") or name == "cpu" or (allowed is not None and int(name[3:]) not in allowed):
+            if not name[3:].isdigit() or not name.startswith("cpu"):  # the "cpu" total line, intr, ctxt, ...
+                continue
+            if allowed is not None and int(name[3:]) not in allowed:
                 continue
             fields = [int(v) for v in values[:8]]  # user nice system idle iowait irq softirq steal
             total, idle, cpus = total + sum(fields), idle + fields[3] + fields[4], cpus + 1
