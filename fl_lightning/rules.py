@@ -176,7 +176,7 @@ def _cpu_times(path: str = "/proc/stat") -> tuple[int, int, int]:
     with open(path) as f:
         for line in f:
             name, *values = line.split()
-            if not name[3:].isdigit() or not name.startswith("cpu"):  # the "cpu" total line, intr, ctxt, ...
+            if not name.startswith("cpu") or not name[3:].isdigit():  # the "cpu" total line, intr, ctxt, ...
                 continue
             if allowed is not None and int(name[3:]) not in allowed:
                 continue
