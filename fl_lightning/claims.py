@@ -316,8 +316,9 @@ def claim_row(claim: dict[str, Any], results_dir: Path) -> dict[str, Any]:
         row["reason"] = f"its {fl['pairs']} completed pair(s) of runs hold no {column} to compare: {why}"
     elif row["verdict"] == "not run" and not row["reason"]:
         command = measure.get("made_by") or f"bash scripts/paper_tables.sh {measure['table']}"
+        why = claim.get("not_run") or "no finished pair yet"
         row["reason"] = (
-            f"no finished pair yet: `{command}` runs it (resuming unfinished runs) and writes its report in "
+            f"{why}; `{command}` runs it (resuming unfinished runs) and writes its report in "
             f"results/{measure['table']}/"
         )
     if fl["gains"]:

@@ -320,6 +320,16 @@ def test_completed_runs_without_the_value_say_what_to_change(tmp_path: Path) -> 
         claims.load_claims(path)
 
 
+def test_a_claim_not_run_yet_says_why_and_how(tmp_path: Path) -> None:
+    write_per_seed(tmp_path, "t", [run("fedavg", 0, 0.8, 0.8)])
+    plain = claims.claim_row(claim("p", "FedSSD", 1.0, 2.0, metric="final_acc"), tmp_path)
+    assert plain["verdict"] == "not run" and plain["reason"].startswith("no finished pair yet; `bash scripts/")
+    why = {**claim("w", "FedSSD", 1.0, 2.0, metric="final_acc"), "not_run": "nine runs of 2-3 h each on this CPU"}
+    row = claims.claim_row(why, tmp_path)
+    assert row["verdict"] == "not run" and row["reason"].startswith("nine runs of 2-3 h each on this CPU; `bash ")
+    assert "results/t/" in row["reason"]
+
+
 def test_the_claims_plot_shows_each_measured_claim_beside_the_papers_gain(results: Path, tmp_path: Path) -> None:
     import matplotlib.pyplot as plt
 
