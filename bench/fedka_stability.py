@@ -44,8 +44,8 @@ from torch import Tensor
 from torch.func import functional_call, jacrev
 
 from fl_lightning import Federation
-from fl_lightning import losses as Lf
-from fl_lightning.context import ClientContext
+from fl_lightning.core import losses as Lf
+from fl_lightning.core.context import ClientContext
 from fl_lightning.methods import FedKA, _first_per_class
 
 

@@ -47,8 +47,8 @@ from _setting import (
 )  # bench/ is on sys.path when run as a script
 
 from fl_lightning import FederatedDataModule, Federation
+from fl_lightning.core.rounds import RoundPlan, client_steps
 from fl_lightning.methods import METHODS, FedAvg
-from fl_lightning.rounds import RoundPlan, client_steps
 
 #: A class under this share of a client's data is one of its minority classes.
 MINORITY = 0.05

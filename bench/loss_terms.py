@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from _setting import bare_trainer, fmnist_ntd_datamodule  # bench/ is on sys.path when run as a script
 
 from fl_lightning import FedAvg, Federation
-from fl_lightning import losses as Lf
+from fl_lightning.core import losses as Lf
 from fl_lightning.methods import _first_per_class
 
 

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fl_lightning import FederatedDataModule, Federation
-from fl_lightning.losses import ntd_loss
+from fl_lightning.core.losses import ntd_loss
 
 
 class LitClassifier(L.LightningModule):

@@ -33,15 +33,15 @@ from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
-from fl_lightning.augment import BatchTransform
-from fl_lightning.context import ClientContext
+from fl_lightning.core.augment import BatchTransform
+from fl_lightning.core.context import ClientContext
+from fl_lightning.core.distributed import to_device
+from fl_lightning.core.evaluation import Evaluation
+from fl_lightning.core.rounds import RoundState, round_seed, seed_torch
+from fl_lightning.core.state import ClientStateStore
 from fl_lightning.data import ClientBatches, ClientGroup, FederatedDataModule
-from fl_lightning.distributed import to_device
-from fl_lightning.evaluation import Evaluation
 from fl_lightning.executor import SequentialClients
 from fl_lightning.module import FedAvg, FederatedHooks, has_batch_norm
-from fl_lightning.rounds import RoundState, round_seed, seed_torch
-from fl_lightning.state import ClientStateStore
 
 #: The engines a :class:`~fl_lightning.Federation` can run a round's local updates with.
 ENGINES = ("sequential", "batched", "auto")
@@ -579,7 +579,7 @@ def _read(clients: Sequence[StackedClient], active: Sequence[int]) -> dict[int, 
 class _Gather:
     """A step's batches of all its clients read with one indexing and one transform.
 
-    With augmentation (a :class:`~fl_lightning.augment.BatchTransform` that augments), each client's random choices
+    With augmentation (a :class:`~fl_lightning.core.augment.BatchTransform` that augments), each client's random choices
     are drawn on its own stream, as the sequential engine draws them, and applied to every client's images at once.
     """
 

@@ -10,8 +10,8 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 from typing_extensions import override
 
-from fl_lightning import faults
-from fl_lightning.files import seal_checkpoint, temporary_name
+from fl_lightning.core import faults
+from fl_lightning.core.files import seal_checkpoint, temporary_name
 
 
 class AtomicLastCheckpoint(ModelCheckpoint):
@@ -19,7 +19,8 @@ class AtomicLastCheckpoint(ModelCheckpoint):
 
     A process killed at any point leaves the previous round's checkpoint or the new one, never a cut file or a link
     to a deleted file (Lightning's ``save_last="link"`` with ``save_top_k=1`` can leave either). Each checkpoint
-    carries its checksum (:func:`~fl_lightning.files.seal_checkpoint`); a write that fails (a full disk) removes its
+    carries its checksum (:func:`~fl_lightning.core.files.seal_checkpoint`); a write that fails (a full disk) removes
+    its
     temporary and leaves the previous checkpoint.
     """
 

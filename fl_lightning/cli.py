@@ -1,7 +1,7 @@
 """The command line: ``python cli.py fit --config configs/<name>.yaml`` (LightningCLI) or ``python cli.py compare``.
 
 ``fit``/``test`` go to fl_lightning's LightningCLI (:mod:`fl_lightning.lightning_cli`), ``compare`` to
-:mod:`fl_lightning.compare`; this module turns how they end into an exit code and a one-line message.
+:mod:`fl_lightning.experiments.compare`; this module turns how they end into an exit code and a one-line message.
 
 Exit codes: 0 completed, 1 failed (an error during the run), 2 bad input or a refused run directory, 3 diverged,
 4 interrupted (Ctrl-C, SIGTERM). An error prints one line ``error: ...``; ``--debug`` (or ``FL_LIGHTNING_DEBUG=1``)
@@ -12,9 +12,7 @@ training starts nothing is recorded (4), during the rounds the run is ``interrup
 
 from __future__ import annotations
 
-import importlib
 import os
-import re
 import signal
 import sys
 import threading
@@ -25,7 +23,9 @@ import yaml
 from jsonargparse import ArgumentError
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
-from fl_lightning import __version__, compare, shipped_configs
+from fl_lightning import __version__, shipped_configs
+from fl_lightning.cli_errors import one_line
+from fl_lightning.experiments import compare
 from fl_lightning.lightning_cli import RUNNING, SUBCOMMAND_HELP, cli_main, resolve_config
 
 __all__ = ["EXIT_CODES", "cli_main", "main", "one_line", "resolve_config", "run"]
@@ -33,130 +33,6 @@ __all__ = ["EXIT_CODES", "cli_main", "main", "one_line", "resolve_config", "run"
 #: Exit code of each way a run can end (README "Statuses and exit codes").
 EXIT_CODES: dict[str, int] = {"completed": 0, "failed": 1, "bad input": 2, "diverged": 3, "interrupted": 4}
 _FLAGS = ("--debug", "--overwrite")
-
-
-def one_line(err: BaseException) -> str:
-    """An exception as one line: its first line, with a parser's key and reason joined."""
-    text = str(err).strip() or type(err).__name__
-    class_path = _class_path_reason(text)
-    if class_path is not None:
-        return class_path
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    union = next((i for i, ln in enumerate(lines) if ln.startswith("Does not validate against any of the Union")), None)
-    if union is not None:
-        nested = _class_argument_reason(text)
-        if nested is not None:
-            return nested
-        # jsonargparse wraps the class's own error among one line per union member; keep the class's.
-        key = _parser_line(lines[:union]) if union else ""
-        for i, ln in enumerate(lines[union:], union):
-            if ln.startswith("- ") and "Expected a <class" not in ln:
-                reason = ln[2:] + (" " + lines[i + 1] if ln.endswith(":") and i + 1 < len(lines) else "")
-                return f"{key.rstrip(':')}: {reason}" if key else reason
-        # Every member only says "Expected a <class 'X'>": name the types and the value given.
-        types = [ln.split("'")[1] for ln in lines[union:] if ln.startswith("- Expected a <class '")]
-        given = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("Given value:")), None)
-        name = lines[0].split('"')[1] if lines[0].startswith("Parser key") and '"' in lines[0] else ""
-        if name and types:
-            names = ["None" if t == "NoneType" else t for t in types]
-            return f"--{name}: expected {' or '.join(names)}, got {given!r}"
-        return lines[0]
-    if isinstance(err, ArgumentError) or type(err).__name__ == "ArgumentError":
-        return _parser_line(lines)
-    if isinstance(err, FileNotFoundError) and len(lines) > 1:
-        return " ".join(lines)  # the searched paths and how to get the data belong to the one message
-    return lines[0]
-
-
-def _class_path_reason(text: str) -> str | None:
-    """A class path that cannot be used for an option (``--model mypkg.MyModule``) as ``--<key>: <the real reason>``.
-
-    jsonargparse first tries the value as a config file ("Expected a path but ... either not accessible or invalid")
-    and puts the real reason below it: the class does not import, or it is not a subclass of the option's base class.
-    Only a class path given to the option itself is handled here; one among a class's arguments is
-    :func:`_class_argument_reason`'s. None when the error is not about such a class path.
-    """
-    if len(re.findall(r'Parser key "', text)) != 1 or not text.startswith("Parser key"):
-        return None
-    key = text.split('"')[1]
-    wrong = re.search(r"Import path (?:(\S+) )?does not correspond to a subclass of (\w+)", text)
-    if wrong is not None:
-        given = re.search(r"^\s*Given value: (\S+)\s*$", text, re.M)
-        path = wrong.group(1) or (given.group(1) if given else "the class")
-        return f"--{key}: {path} is not a {wrong.group(2)}"
-    problem = re.search(r"Problem with given class_path '([^']+)'", text)
-    reason = _import_error(problem.group(1)) if problem is not None else None
-    return f"--{key}: cannot import {problem.group(1)}: {reason}" if problem is not None and reason else None
-
-
-def _import_error(class_path: str) -> str | None:
-    """Why ``class_path`` (``package.module.Class``) cannot be imported, in one line; None when it can."""
-    module, _, name = class_path.rpartition(".")
-    try:
-        getattr(importlib.import_module(module), name)
-    except Exception as err:  # whatever the user's module raises on import is the reason
-        return (str(err).strip().splitlines() or [type(err).__name__])[0]
-    return None
-
-
-def _class_argument_reason(text: str) -> str | None:
-    """A bad value among a class's arguments (``--model.lr abc``), at any depth, as ``--<key>: <reason>``.
-
-    jsonargparse nests the reason under the class's key, its class path and the argument's key, indented; the keys
-    on the way make the option's name and the innermost line is the reason. None when the error is not about a
-    class's arguments.
-    """
-    nodes: list[tuple[str, list]] = []
-    stack: list[tuple[int, list]] = [(-1, nodes)]
-    for raw in text.splitlines():
-        if not raw.strip():
-            continue
-        indent = len(raw) - len(raw.lstrip())
-        node: tuple[str, list] = (raw.strip(), [])
-        while stack[-1][0] >= indent:
-            stack.pop()
-        stack[-1][1].append(node)
-        stack.append((indent, node[1]))
-    keys: list[str] = []
-    through_class: list[bool] = []
-
-    def innermost(level: list[tuple[str, list]]) -> str | None:
-        for line, children in level:
-            line = line[2:] if line.startswith("- ") else line
-            if line.startswith("Parser key") and '"' in line:
-                keys.append(line.split('"')[1])
-                rest = line.split('":', 1)[1].strip() if '":' in line else ""
-                return rest or innermost(children)
-            if line.startswith("Problem with given class_path"):
-                through_class.append(True)
-                return innermost(children) or line
-            if line == "Errors:":
-                real = [b for b in children if not re.fullmatch(r"(- )?Expected a <class '[^']*'>", b[0])]
-                return innermost(real[:1]) if real else None
-            if line.startswith(("Subtypes:", "Given value", "Does not validate against any of the Union")):
-                continue
-            return line
-        return None
-
-    reason = innermost(nodes)
-    if not through_class or reason is None or not keys:
-        return None
-    reason = re.sub(r"^Expected a <class '([^']*)'>\. Got value: (.*)$", r"expected \1, got '\2'", reason)
-    return f"--{'.'.join(keys)}: {reason}"
-
-
-def _parser_line(lines: list[str]) -> str:
-    """A jsonargparse error (key line, then nested reasons) as ``<key>: <first reason>``."""
-    first = lines[0]
-    key = ""
-    if first.startswith(("Parser key", "Problem with given class_path")):
-        key = first.split('"')[1] if '"' in first else ""
-        reasons = [ln.lstrip("- ") for ln in lines[1:] if not ln.startswith(("Given value type", "Subclass types"))]
-        reason = reasons[0] if reasons else first
-        if reason.startswith(f'Parser key "{key}": '):
-            reason = reason.split('": ', 1)[1]
-        return f"--{key}: {reason}" if key else reason
-    return first
 
 
 def _summary_file() -> Path | None:
@@ -286,7 +162,7 @@ def usage() -> str:
 def main(argv: list[str] | None = None) -> None:
     """Run one command: ``fit``/``test`` (LightningCLI), ``compare`` or ``configs``; else print :func:`usage`.
 
-    ``compare`` runs a comparison (fl_lightning.compare), ``configs`` lists the shipped configs
+    ``compare`` runs a comparison (fl_lightning.experiments.compare), ``configs`` lists the shipped configs
     (fl_lightning.shipped_configs); nothing, ``-h`` or ``--help`` prints :func:`usage`.
 
     ``--debug`` (anywhere) or ``FL_LIGHTNING_DEBUG=1`` shows tracebacks; ``--overwrite`` replaces a finished run.
@@ -309,7 +185,7 @@ def main(argv: list[str] | None = None) -> None:
                 raise
             sys.exit(_error(one_line(err), EXIT_CODES["bad input"]))
     if args[0] == "claims":
-        from fl_lightning import claims
+        from fl_lightning.experiments import claims
 
         try:
             sys.exit(claims.main(args[1:]))

@@ -16,12 +16,12 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
-from fl_lightning.augment import BatchTransform, InputNormalization, input_stats
-from fl_lightning.context import ClientContext, ServerContext
-from fl_lightning.datasets import DATASETS, ImageData, load_dataset
-from fl_lightning.evaluation import Evaluation, evaluate
-from fl_lightning.partitions import Given, Partitioner, class_counts, client_id_array, make_partitioner
-from fl_lightning.rounds import RoundPlan, RoundPlanner, client_steps, round_seed
+from fl_lightning.core.augment import BatchTransform, InputNormalization, input_stats
+from fl_lightning.core.context import ClientContext, ServerContext
+from fl_lightning.core.datasets import DATASETS, ImageData, load_dataset
+from fl_lightning.core.evaluation import Evaluation, evaluate
+from fl_lightning.core.partitions import Given, Partitioner, class_counts, client_id_array, make_partitioner
+from fl_lightning.core.rounds import RoundPlan, RoundPlanner, client_steps, round_seed
 
 #: (channels, image size, classes) of each built-in dataset, known before any file is read (from ``DATASETS``).
 DATASET_SHAPES: dict[str, tuple[int, int, int]] = {name: info.shape for name, info in DATASETS.items()}
@@ -480,7 +480,7 @@ class FederatedDataModule(L.LightningDataModule):
     the training device after transfer. Data that is not a pair of tensors (e.g. a torchvision ``ImageFolder``) is not
     loaded: each round reads only its clients' items, through a ``DataLoader`` (``num_workers``, ``pin_memory``).
     The training loader of a round is planned by the trainer's :class:`~fl_lightning.Federation` callback (a
-    :class:`~fl_lightning.rounds.RoundPlanner`), which it asks for the round's plan.
+    :class:`~fl_lightning.core.rounds.RoundPlanner`), which it asks for the round's plan.
 
     Your own data: :meth:`from_tensors`, :meth:`from_datasets`, or (also from YAML) a :class:`DataSource` as
     ``dataset``.
@@ -493,8 +493,8 @@ class FederatedDataModule(L.LightningDataModule):
         download: fetch the data with torchvision when it is missing (MNIST, Fashion-MNIST, CIFAR; needs internet).
         partition: a name, configured by the short options below: ``iid``, ``dirichlet`` (LDA), ``shard``,
             ``classes_per_client`` (NIID-Bench's #C=k), or ``given`` (each sample's client named by ``client_ids``);
-            or a :class:`~fl_lightning.partitions.Partitioner` holding its own parameters (in YAML ``class_path:
-            fl_lightning.partitions.Dirichlet`` with ``init_args``), the short options then left at their defaults.
+            or a :class:`~fl_lightning.core.partitions.Partitioner` holding its own parameters (in YAML ``class_path:
+            fl_lightning.core.partitions.Dirichlet`` with ``init_args``), the short options then left at their defaults.
         num_clients: number of clients N (default 10; with ``given``, the number of distinct ids).
         alpha: Dirichlet concentration α (> 0) for ``dirichlet``; smaller is more skewed. The short options of a
             partition other than the named one are ignored.
@@ -946,7 +946,7 @@ class FederatedDataModule(L.LightningDataModule):
         context: contextlib.AbstractContextManager | None = None,
         shard: tuple[int, int] = (0, 1),
     ) -> Evaluation:
-        """``model`` evaluated on the test set (:func:`~fl_lightning.evaluation.evaluate`), inputs normalised.
+        """``model`` evaluated on the test set (:func:`~fl_lightning.core.evaluation.evaluate`), inputs normalised.
 
         Args:
             model: returns class logits for normalised inputs.

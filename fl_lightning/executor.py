@@ -2,8 +2,9 @@
 
 :class:`SequentialClients` runs them in Lightning's training loop, one client after another: it restarts the module
 from the global weights with a fresh optimizer at a client's first training batch, hands the method its
-:class:`~fl_lightning.context.ClientContext`, and gives the finished client's weights, upload, loss and state to the
-round's :class:`~fl_lightning.rounds.RoundState`. Planning, the reduce, the server step and evaluation are not its
+:class:`~fl_lightning.core.context.ClientContext`, and gives the finished client's weights, upload, loss and state to
+the
+round's :class:`~fl_lightning.core.rounds.RoundState`. Planning, the reduce, the server step and evaluation are not its
 business, so another executor (clients trained together, or real devices) can replace it.
 """
 
@@ -15,13 +16,13 @@ from typing import Any
 import lightning as L
 import torch
 
-from fl_lightning.context import ClientContext
+from fl_lightning.core.context import ClientContext
+from fl_lightning.core.distributed import to_device
+from fl_lightning.core.evaluation import Evaluation
+from fl_lightning.core.rounds import RoundState, round_seed, seed_torch
+from fl_lightning.core.state import ClientStateStore
 from fl_lightning.data import FederatedDataModule
-from fl_lightning.distributed import to_device
-from fl_lightning.evaluation import Evaluation
 from fl_lightning.module import FedAvg, FederatedHooks
-from fl_lightning.rounds import RoundState, round_seed, seed_torch
-from fl_lightning.state import ClientStateStore
 
 
 class SequentialClients:

@@ -1,9 +1,10 @@
 """The federation callback: one Lightning epoch is one communication round.
 
-A round, in the units of :mod:`fl_lightning.rounds`: :func:`~fl_lightning.rounds.plan_round` →
+A round, in the units of :mod:`fl_lightning.core.rounds`: :func:`~fl_lightning.core.rounds.plan_round` →
 local updates (Lightning's training loop, one client after another, each restarting from the global weights with a
-fresh optimizer) → :meth:`RoundState.reduce <fl_lightning.rounds.RoundState.reduce>` → server step (the method's
-``server_update``, then the :mod:`~fl_lightning.server_optim` optimizer) → :func:`~fl_lightning.evaluation.evaluate`.
+fresh optimizer) → :meth:`RoundState.reduce <fl_lightning.core.rounds.RoundState.reduce>` → server step (the method's
+``server_update``, then the :mod:`~fl_lightning.core.server_optim` optimizer) →
+:func:`~fl_lightning.core.evaluation.evaluate`.
 This class decides *when* each runs, from Lightning's hooks; what a round measures goes to a
 :class:`~fl_lightning.recorder.RunRecorder`, which owns the run's files and logger output.
 """
@@ -21,8 +22,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
-from fl_lightning import faults, rules
-from fl_lightning.aggregation import aggregation_weights
+from fl_lightning import rules
 from fl_lightning.batched import (
     ENGINES,
     BatchedClients,
@@ -31,18 +31,20 @@ from fl_lightning.batched import (
     batching_refusal,
     network_refusal,
 )
-from fl_lightning.context import ServerContext
+from fl_lightning.core import faults
+from fl_lightning.core.aggregation import aggregation_weights
+from fl_lightning.core.context import ServerContext
+from fl_lightning.core.distributed import rank_and_world, to_device
+from fl_lightning.core.evaluation import Evaluation
+from fl_lightning.core.rounds import RoundPlan, RoundState, num_sampled, plan_round, process_share
+from fl_lightning.core.rundir import RunDirClaim, check_checkpoint_file, check_fresh_run_dir
+from fl_lightning.core.server_optim import ServerOptimizer, ServerSGD
+from fl_lightning.core.state import ClientStateStore
 from fl_lightning.data import FederatedDataModule
-from fl_lightning.distributed import rank_and_world, to_device
-from fl_lightning.evaluation import Evaluation
 from fl_lightning.executor import SequentialClients
 from fl_lightning.module import FedAvg, FederatedHooks
 from fl_lightning.progress import quiet_lightning, use_round_bars
 from fl_lightning.recorder import RunRecorder, run_info
-from fl_lightning.rounds import RoundPlan, RoundState, num_sampled, plan_round, process_share
-from fl_lightning.rundir import RunDirClaim, check_checkpoint_file, check_fresh_run_dir
-from fl_lightning.server_optim import ServerOptimizer, ServerSGD
-from fl_lightning.state import ClientStateStore
 
 
 class Federation(Callback):
@@ -65,7 +67,7 @@ class Federation(Callback):
         server_lr: server learning rate η_s (1 = plain averaging); short for ``server_optimizer: ServerSGD``.
         server_momentum: server momentum β_s (FedAvgM; 0 disables); short for ``server_optimizer: ServerSGD``.
         server_optimizer: the server step applied to the method's new global weights (a
-            :class:`~fl_lightning.server_optim.ServerOptimizer`, e.g. ``FedAdam``); give the server learning rate
+            :class:`~fl_lightning.core.server_optim.ServerOptimizer`, e.g. ``FedAdam``); give the server learning rate
             here or in ``server_lr``, not both. Default: ``ServerSGD(server_lr, server_momentum)``.
         seed: seed of client sampling, local shuffling and augmentation.
         plots: write the learning-curve and partition PNGs into the run directory.
@@ -169,7 +171,7 @@ class Federation(Callback):
         """``running``, or how the run ended: ``completed``, ``diverged``, ``interrupted`` or ``failed``."""
         return self.recorder.status if self.recorder is not None else "running"
 
-    # ---- planning (see fl_lightning.rounds) ---------------------------------------------------------------------
+    # ---- planning (see fl_lightning.core.rounds) ---------------------------------------------------------------------
 
     def plan(self, round_idx: int) -> RoundPlan:
         """The clients, local steps and learning-rate scale of round ``round_idx`` (a pure function of the seed)."""

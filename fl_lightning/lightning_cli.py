@@ -22,18 +22,15 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 from typing_extensions import override
 
 from fl_lightning import (
-    faults,
     methods,  # registers the methods so that `--model FedNTD` resolves; `--model fedntd` goes through METHODS
     rules,
     shipped_configs,
 )
 from fl_lightning.checkpoint import AtomicLastCheckpoint
-from fl_lightning.data import FederatedDataModule
-from fl_lightning.federation import Federation
-from fl_lightning.files import write_text_atomic
-from fl_lightning.partitions import Partitioner
-from fl_lightning.progress import RoundProgressBar, quiet_lightning
-from fl_lightning.rundir import (
+from fl_lightning.core import faults
+from fl_lightning.core.files import write_text_atomic
+from fl_lightning.core.partitions import Partitioner
+from fl_lightning.core.rundir import (
     RunDirError,
     RunDirPlan,
     check_checkpoint_file,
@@ -43,6 +40,9 @@ from fl_lightning.rundir import (
     move_aside,
     release_run_dir,
 )
+from fl_lightning.data import FederatedDataModule
+from fl_lightning.federation import Federation
+from fl_lightning.progress import RoundProgressBar, quiet_lightning
 
 quiet_lightning()
 
@@ -101,7 +101,7 @@ class FLCLI(LightningCLI):
     The model is any ``LightningModule`` (a method by name, or a class path); the data facts (``num_classes``,
     ``in_channels``, ``image_size``) reach the arguments of its ``__init__`` that have those names, if any.
 
-    Before anything is built or written it checks the run directory (:func:`fl_lightning.rundir.check_run_dir`).
+    Before anything is built or written it checks the run directory (:func:`fl_lightning.core.rundir.check_run_dir`).
     """
 
     overwrite: bool = False

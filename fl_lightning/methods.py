@@ -1,6 +1,6 @@
 """The methods: each a small subclass of :class:`~fl_lightning.module.FedAvg` overriding its local loss.
 
-Losses come from :mod:`fl_lightning.losses`; this module only wires each one to the data and server state it needs.
+Losses come from :mod:`fl_lightning.core.losses`; this module only wires each one to the data and server state it needs.
 See ``METHODS.md`` (shared with the project) for the exact equations.
 """
 
@@ -15,9 +15,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from fl_lightning import losses
-from fl_lightning.context import ClientContext, ServerContext
-from fl_lightning.models import require_features
+from fl_lightning.core import losses
+from fl_lightning.core.context import ClientContext, ServerContext
+from fl_lightning.core.models import require_features
 from fl_lightning.module import FedAvg, frozen_forward, has_batch_norm
 
 
@@ -326,7 +326,7 @@ class FedKA(FedAvg):
 
         L_KA is unchanged (Σ w·‖·‖² / Σ w). The sets stay as they are (one stack per size) where that would not hold:
         on a network that normalizes with batch statistics, which the repeated rows would move, and in a subclass
-        that overrides ``client_loss`` (it may not pass ``anchor_w`` to :func:`~fl_lightning.losses.ka_loss`; one
+        that overrides ``client_loss`` (it may not pass ``anchor_w`` to :func:`~fl_lightning.core.losses.ka_loss`; one
         that does can override this hook to return ``pad_anchor_sets(attributes)``).
         """
         if has_batch_norm(self) or type(self).client_loss is not FedKA.client_loss:
@@ -515,7 +515,8 @@ class SCAFFOLD(FedAvg):
 class FedNova(FedAvg):
     """FedNova (Wang et al., NeurIPS 2020, arXiv:2007.07481): normalized averaging of the local updates.
 
-    A client that took K steps with momentum ρ uploads a_k (:func:`~fl_lightning.losses.fednova_a`) and its normalized
+    A client that took K steps with momentum ρ uploads a_k (:func:`~fl_lightning.core.losses.fednova_a`) and its
+    normalized
     update d_k = (w_g − w_k)/a_k; the server steps w_g ← w_g − τ_eff·Σ_k p_k d_k with τ_eff = Σ_k p_k a_k (p_k the
     aggregation weights: sample sizes, as in the paper, unless ``--federation.aggregation uniform``), so that clients
     with more local steps do not pull the global model towards their own objective. Buffers are averaged. With equal K
@@ -621,7 +622,8 @@ class MOON(FedAvg):
     A projection head (feature_dim → feature_dim → ``proj_dim`` MLP) on the network's features is part of the model
     (trained and averaged; not used for prediction). L = CE + μ·ℓ_con with ℓ_con pulling the local projection h towards
     the global model's h_g and away from this client's previous local model's h_prev
-    (:func:`~fl_lightning.losses.moon_loss`). The per-client-state example of the hooks: ``on_client_end`` saves the
+    (:func:`~fl_lightning.core.losses.moon_loss`). The per-client-state example of the hooks: ``on_client_end`` saves
+    the
     local model (net and head) in ``client.state["prev"]``, which ``on_client_start`` hands to the loss (a per-client
     attribute: the batched engine stacks the clients' previous models) the next time the client is sampled (the global
     model the first time). Memory: one model-plus-head state per client that has trained (CPU), its copy on the device
@@ -701,9 +703,11 @@ class FedCurv(FedAvg):
     """FedCurv (Shoham et al., 2019, arXiv:1910.07796): an EWC-style penalty towards the other clients' models.
 
     After its local steps a client estimates its diagonal Fisher F_k on ``fisher_samples`` of its samples
-    (:func:`~fl_lightning.losses.diagonal_fisher`) and uploads F_k, F_k ⊙ w_k and F_k ⊙ w_k², summed over the round's
+    (:func:`~fl_lightning.core.losses.diagonal_fisher`) and uploads F_k, F_k ⊙ w_k and F_k ⊙ w_k², summed over the
+    round's
     clients. The server keeps the sums and sends the previous round's down; a client trains with
-    L = CE + λ·Σ_{j≠k} F_j ⊙ (w − w_j)² (:func:`~fl_lightning.losses.fedcurv_penalty`), removing its own contribution
+    L = CE + λ·Σ_{j≠k} F_j ⊙ (w − w_j)² (:func:`~fl_lightning.core.losses.fedcurv_penalty`), removing its own
+    contribution
     when it was in the previous round. Round 0 is FedAvg. Memory: the client's last F_k and w_k (two model sizes, CPU)
     per client that has trained, and three model-sized sums on the server.
 

@@ -14,14 +14,14 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor, nn
 
-from fl_lightning.augment import BatchTransform, InputNormalization
-from fl_lightning.context import ClientContext, ServerContext
+from fl_lightning.core.augment import BatchTransform, InputNormalization
+from fl_lightning.core.context import ClientContext, ServerContext
+from fl_lightning.core.distributed import all_reduce_sum_
+from fl_lightning.core.evaluation import Counts, Evaluation, add_counts, batch_counts
+from fl_lightning.core.models import MODELS, build_model, net_name
 from fl_lightning.data import ClientGroup
-from fl_lightning.distributed import all_reduce_sum_
-from fl_lightning.evaluation import Counts, Evaluation, add_counts, batch_counts
-from fl_lightning.models import MODELS, build_model, net_name
 
-#: Where a method's checkpoint holds its :class:`~fl_lightning.augment.InputNormalization` statistics.
+#: Where a method's checkpoint holds its :class:`~fl_lightning.core.augment.InputNormalization` statistics.
 INPUT_NORMALIZATION_KEY = "input_normalization"
 
 

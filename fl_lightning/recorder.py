@@ -26,9 +26,9 @@ from lightning.pytorch.callbacks.progress import TQDMProgressBar
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
-from fl_lightning import faults
-from fl_lightning.files import is_disk_full, overwrite_in_place, remove_temporaries, write_text_atomic
-from fl_lightning.metrics import forgetting
+from fl_lightning.core import faults
+from fl_lightning.core.files import is_disk_full, overwrite_in_place, remove_temporaries, write_text_atomic
+from fl_lightning.core.metrics import forgetting
 
 #: Final statuses a run can end with; ``running`` is written while it trains.
 STATUSES = ("completed", "diverged", "interrupted", "failed")
@@ -315,7 +315,7 @@ class RunRecorder:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         write_text_atomic(self.run_dir / "partition.csv", buf.getvalue())
         if self.plots:
-            from fl_lightning.plots import plot_partition
+            from fl_lightning.core.plots import plot_partition
 
             plot_partition(counts, self.run_dir / "partition.png", title)
 
@@ -339,7 +339,7 @@ class RunRecorder:
             self._write_metrics()
             faults.point("during-final-writes")
             if self.plots and self.history:
-                from fl_lightning.plots import plot_curve
+                from fl_lightning.core.plots import plot_curve
 
                 rounds = [int(row["round"]) for row in self.history]
                 accs = [row["global_acc"] for row in self.history]

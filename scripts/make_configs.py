@@ -166,7 +166,7 @@ def all_configs() -> dict[str, str]:
 
     for name, (optimizer, args, eta) in SERVER_OPTIMIZERS.items():
         for tag, part in NTD_PARTITIONS.items():
-            server = {"class_path": f"fl_lightning.server_optim.{optimizer}", "init_args": args}
+            server = {"class_path": f"fl_lightning.core.server_optim.{optimizer}", "init_args": args}
             data, fed = _ntd_setting(part, server_optimizer=server)
             add(
                 _config(

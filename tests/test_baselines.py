@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from helpers import tiny_run
 from torch import nn
 
-from fl_lightning import losses
+from fl_lightning.core import losses
+from fl_lightning.core.server_optim import ServerSGD
 from fl_lightning.methods import METHODS, MOON, SCAFFOLD, FedAvg, FedCurv, FedDyn, FedNova
-from fl_lightning.server_optim import ServerSGD
 
 BASELINES = {"scaffold": SCAFFOLD, "feddyn": FedDyn, "moon": MOON, "fednova": FedNova, "fedcurv": FedCurv}
 

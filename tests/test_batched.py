@@ -27,8 +27,9 @@ from helpers import bare_trainer, read_metrics, read_summary, tiny_run
 from torch import Tensor, nn
 
 import fl_lightning.batched as batched_engine
-from fl_lightning import FedAdam, FedAvg, FederatedDataModule, Federation, losses
+from fl_lightning import FedAdam, FedAvg, FederatedDataModule, Federation
 from fl_lightning.batched import SGDSettings, StackedClient, auto_engine, pads_short_batches, train_stacked
+from fl_lightning.core import losses
 from fl_lightning.methods import METHODS, SCAFFOLD, FedKA
 from fl_lightning.module import frozen_forward
 

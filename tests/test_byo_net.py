@@ -13,8 +13,8 @@ from helpers import read_metrics, read_summary
 from torch import nn
 
 from fl_lightning import FedAvg, FederatedDataModule, Federation
+from fl_lightning.core.models import build_model, require_features
 from fl_lightning.methods import FedNTD
-from fl_lightning.models import build_model, require_features
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -188,4 +188,4 @@ def test_import_pulls_in_neither_the_cli_nor_matplotlib():
         assert not [m for m in imports if m.split(".")[0] == "matplotlib"], module
         todo += [m for m in imports if m.startswith("fl_lightning")]
     assert {"fl_lightning.data", "fl_lightning.federation", "fl_lightning.recorder"} <= seen
-    assert "fl_lightning.cli" not in seen and "fl_lightning.compare" not in seen
+    assert "fl_lightning.cli" not in seen and "fl_lightning.experiments.compare" not in seen

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fl_lightning import claims, includes
-from fl_lightning.report import PER_SEED_COLUMNS
+from fl_lightning.experiments import claims, includes
+from fl_lightning.experiments.report import PER_SEED_COLUMNS
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -14,7 +14,7 @@ import yaml
 from helpers import read_summary
 
 from fl_lightning.cli import EXIT_CODES, run
-from fl_lightning.compare import CompareSpec
+from fl_lightning.experiments.compare import CompareSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = [
@@ -57,7 +57,7 @@ def test_bad_value_is_one_line_and_exit_2():
         (["--model.init_args.net", "vgg"], "error: unknown model 'vgg'"),
         (["--data.num_clientz", "3"], "error: unrecognized arguments: --data.num_clientz"),
         (["--federation.sample_ratio", "1.5"], "error: sample_ratio must be in (0, 1]"),
-        (["--trainer.limit_train_batches", "2"], "error: trainer option limit_train_batches=2.0 is not supported"),
+        (["--trainer.limit_train_batches", "2"], "error: trainer option limit_train_batches=2"),
         (["--trainer.fast_dev_run", "true"], "error: trainer option fast_dev_run=True is not supported"),
         (["--trainer.accumulate_grad_batches", "2"], "error: trainer option accumulate_grad_batches=2 is not"),
         (["--ckpt_path", "nope.ckpt"], "error: --ckpt_path nope.ckpt: no such file"),
@@ -136,7 +136,7 @@ def test_drop_last_error_is_refused_at_start_not_interrupted(tmp_path, capsys):
 
 
 def test_error_during_a_run_is_failed_with_its_message(tmp_path, monkeypatch):
-    from fl_lightning.server_optim import ServerSGD
+    from fl_lightning.core.server_optim import ServerSGD
 
     def broken(*args, **kwargs):
         raise RuntimeError("boom in the server step")

@@ -169,7 +169,7 @@ def test_wandb_group_and_tags_for_a_data_source(tmp_path, own_package, monkeypat
     args = _wandb_args(tmp_path, "--config", str(data), "--model", f"{PACKAGE}.Plain", "--seed_everything", "2")
     assert args["group"] == "wine_dirichlet" and args["tags"] == ["Plain", "wine", "dirichlet", "seed2"]
     # On the command line, with a partition object: its label.
-    partition = '{"class_path": "fl_lightning.partitions.Dirichlet", "init_args": {"alpha": 0.1}}'
+    partition = '{"class_path": "fl_lightning.core.partitions.Dirichlet", "init_args": {"alpha": 0.1}}'
     args = _wandb_args(tmp_path, "--data.dataset", f"{PACKAGE}.Wine", "--data.partition", partition)
     assert args["group"] == "wine_dirichlet(0.1)" and args["tags"] == ["FedAvg", "wine", "dirichlet(0.1)", "seed0"]
     # A source without a name goes by its class name, cut to W&B's 64 characters.

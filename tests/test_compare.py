@@ -15,7 +15,7 @@ import yaml
 from helpers import read_metrics, read_summary
 
 from fl_lightning.cli import cli_main
-from fl_lightning.compare import CompareSpec, _threads_per_run, main, run_comparison, write_spec_report
+from fl_lightning.experiments.compare import CompareSpec, _threads_per_run, main, run_comparison, write_spec_report
 
 ROOT = Path(__file__).resolve().parent.parent
 CLASSES = {"fedavg": "fl_lightning.FedAvg", "fedntd": "fl_lightning.methods.FedNTD"}
@@ -132,7 +132,7 @@ def test_shipped_reports_are_their_archived_runs_numbers(path, tmp_path, monkeyp
 
 
 def test_wandb_command_groups_and_tags(spec_file):
-    from fl_lightning.compare import _command
+    from fl_lightning.experiments.compare import _command
 
     spec = CompareSpec.from_yaml(spec_file)
     spec.wandb = True
@@ -186,7 +186,7 @@ def test_finished_run_reused_only_when_its_config_matches(spec_file):
     spec.overrides = ["--federation.local_epochs", "2", "--trainer.logger", "false"]
     action, why = run.plan(spec)
     assert action == "rerun" and "federation.local_epochs: 1 -> 2" in why
-    from fl_lightning.compare import _command
+    from fl_lightning.experiments.compare import _command
 
     assert _command(spec, run, resume=False, overwrite=True)[-1] == "--overwrite"
 
@@ -367,7 +367,8 @@ def test_each_fit_gets_a_share_of_the_cores_unless_omp_num_threads_is_set(monkey
 
 
 def test_compare_on_a_busy_cpu_warns_once_before_its_fits(spec_file, monkeypatch, capsys):
-    from fl_lightning import compare, rules
+    from fl_lightning import rules
+    from fl_lightning.experiments import compare
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(rules, "busy_cores", lambda: 1.5)

@@ -11,9 +11,9 @@ import pytest
 import torch
 from PIL import Image
 
-from fl_lightning import datasets
+from fl_lightning.core import datasets
+from fl_lightning.core.datasets import CACHE_NAME, DATASETS, DatasetInfo, ImageData, load_dataset, read_idx
 from fl_lightning.data import DATASET_SHAPES, FederatedDataModule
-from fl_lightning.datasets import CACHE_NAME, DATASETS, DatasetInfo, ImageData, load_dataset, read_idx
 
 IDX_NAMES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 CINIC_CLASSES = (

@@ -12,7 +12,7 @@ import torch
 from helpers import bare_trainer, read_metrics, read_summary, tiny_run
 
 from fl_lightning import FedAvg, FederatedDataModule, Federation
-from fl_lightning.aggregation import StateAccumulator, aggregation_weights, weighted_average
+from fl_lightning.core.aggregation import StateAccumulator, aggregation_weights, weighted_average
 from fl_lightning.data import RoundBatches, RoundPlan, client_steps
 
 
@@ -194,7 +194,7 @@ def test_collapse_to_one_class_stops_as_diverged(tmp_path):
 
 
 def test_a_one_class_test_set_is_never_a_collapse(tmp_path):
-    from fl_lightning.datasets import load_dataset
+    from fl_lightning.core.datasets import load_dataset
 
     data = load_dataset("digits")
     only_zeros = data.test_y == 0

@@ -2,7 +2,7 @@
 
 Each test reproduces one of the failures found by trying faults on the quickstart as a user would, and checks what
 must hold instead. Signals are sent at exact moments through the test hook ``FL_LIGHTNING_FAULT=<moment>:<SIGNAL>``
-(:mod:`fl_lightning.faults`), never after a sleep.
+(:mod:`fl_lightning.core.faults`), never after a sleep.
 """
 
 from __future__ import annotations
@@ -24,15 +24,15 @@ import yaml
 from helpers import quickstart_fit_args, read_summary, tiny_run
 
 from fl_lightning import cli
-from fl_lightning.compare import CompareSpec, Run, _fit_args
-from fl_lightning.files import (
+from fl_lightning.core.files import (
     DamagedCheckpoint,
     seal_checkpoint,
     temporary_name,
     verify_checkpoint,
     write_text_atomic,
 )
-from fl_lightning.rundir import RunDirError, check_run_dir, claim_run_dir, release_run_dir
+from fl_lightning.core.rundir import RunDirError, check_run_dir, claim_run_dir, release_run_dir
+from fl_lightning.experiments.compare import CompareSpec, Run, _fit_args
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMING = {"round_seconds", "elapsed_seconds"}
@@ -164,15 +164,15 @@ def test_compare_finishes_a_run_instead_of_retrying_it(tmp_path, capsys):
 
 
 def _send_sigint_before_plotting(monkeypatch):
-    import fl_lightning.plots
+    import fl_lightning.core.plots
 
-    real = fl_lightning.plots.plot_curve
+    real = fl_lightning.core.plots.plot_curve
 
     def plot_curve(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGINT)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(fl_lightning.plots, "plot_curve", plot_curve)
+    monkeypatch.setattr(fl_lightning.core.plots, "plot_curve", plot_curve)
 
 
 @pytest.mark.parametrize(
@@ -479,7 +479,7 @@ def _tiny_spec(tmp_path: Path, overrides: list[str] | None = None) -> CompareSpe
 
 
 def _compare(spec: CompareSpec) -> int:
-    from fl_lightning.compare import main
+    from fl_lightning.experiments.compare import main
 
     return main(["--config", str(spec.output_dir.parent / "compare.yaml")])
 
@@ -520,13 +520,13 @@ def test_compare_leaves_a_run_that_another_process_runs(tmp_path, capsys):
 
 def test_ctrl_c_on_compare_is_one_line(tmp_path, monkeypatch, capsys):
     # Before: a traceback.
-    import fl_lightning.compare
+    import fl_lightning.experiments.compare
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
     spec = _tiny_spec(tmp_path)
-    monkeypatch.setattr(fl_lightning.compare, "run_comparison", interrupted)
+    monkeypatch.setattr(fl_lightning.experiments.compare, "run_comparison", interrupted)
     try:
         with pytest.raises(SystemExit) as stop:
             cli.main(["compare", "--config", str(spec.output_dir.parent / "compare.yaml")])

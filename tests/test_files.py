@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from helpers import tiny_run
 
-from fl_lightning.files import atomic_path, remove_temporaries, temporary_name, write_text_atomic
+from fl_lightning.core.files import atomic_path, remove_temporaries, temporary_name, write_text_atomic
 
 
 def test_atomic_path_replaces_on_success_and_keeps_the_old_file_on_error(tmp_path):

@@ -21,8 +21,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from fl_lightning import FedAvg, FederatedDataModule, Federation, methods
-from fl_lightning.augment import InputNormalization
-from fl_lightning.evaluation import Evaluation, add_counts, batch_counts
+from fl_lightning.core.augment import InputNormalization
+from fl_lightning.core.evaluation import Evaluation, add_counts, batch_counts
 from fl_lightning.module import INPUT_NORMALIZATION_KEY
 from fl_lightning.progress import RoundProgressBar, use_round_bars
 
@@ -143,7 +143,7 @@ def test_reloaded_method_on_raw_inputs_reproduces_the_final_accuracy(finished):
 
 
 def test_input_normalization_is_the_evaluation_transform():
-    from fl_lightning.augment import BatchTransform
+    from fl_lightning.core.augment import BatchTransform
 
     transform = BatchTransform([0.1, 0.2, 0.3], [0.5, 0.6, 0.7], crop_padding=2, hflip=True, image=True)
     norm = InputNormalization()

@@ -18,7 +18,7 @@ from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, Mode
 from lightning.pytorch.loggers import CSVLogger
 
 from fl_lightning import FedAvg, FederatedDataModule, Federation
-from fl_lightning.evaluation import evaluate
+from fl_lightning.core.evaluation import evaluate
 
 
 def _dm(**kwargs):

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from fl_lightning import claims
 from fl_lightning.cli import cli_main
+from fl_lightning.experiments import claims
 
 ROOT = Path(__file__).resolve().parents[1]
 

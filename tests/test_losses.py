@@ -1,4 +1,5 @@
-"""Every loss of ``fl_lightning.losses`` against a direct computation, hand-worked numbers, and its defining properties.
+"""Every loss of ``fl_lightning.core.losses`` against a direct computation, hand-worked numbers, and its defining
+properties.
 
 The direct computations loop over samples and classes in float64 numpy / plain Python, written independently of the
 vectorised torch implementation (no masking tricks, no gathers).
@@ -13,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fl_lightning import losses as L
+from fl_lightning.core import losses as L
 
 C = 5
 

@@ -89,7 +89,7 @@ def test_ka_anchor_set(tmp_path):
             size = 0 if self.anchor_x is None else len(self.anchor_x)
             anchors.append((size, sum(missing) + sum(non_dom)))
 
-    from fl_lightning.losses import ka_class_groups as torch_groups
+    from fl_lightning.core.losses import ka_class_groups as torch_groups
 
     tiny_run(
         tmp_path,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fl_lightning.augment import BatchTransform, cutout, random_crop, random_hflip
+from fl_lightning.core.augment import BatchTransform, cutout, random_crop, random_hflip
+from fl_lightning.core.models import MODELS, build_model
 from fl_lightning.data import DATASET_SHAPES
-from fl_lightning.models import MODELS, build_model
 
 
 @pytest.mark.parametrize("name", MODELS)

@@ -9,9 +9,9 @@ import torch.nn.functional as F
 from helpers import bare_trainer
 
 from fl_lightning import FedAvg, FederatedDataModule, Federation
-from fl_lightning.losses import ntd_loss
+from fl_lightning.core.losses import ntd_loss
+from fl_lightning.core.models import build_model
 from fl_lightning.methods import FedNTD
-from fl_lightning.models import build_model
 from fl_lightning.module import TeacherMixin
 
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from helpers import quickstart_fit_args, read_summary
 
-from fl_lightning.partitions import (
+from fl_lightning.core.partitions import (
     IID,
     PARTITIONERS,
     ClassesPerClient,
@@ -374,7 +374,7 @@ def test_datamodule_object_equals_the_short_name():
     assert all(a.equal(b) for a, b in zip(by_name.client_indices, by_object.client_indices, strict=True))
     assert by_name.hparams["partition"] == "dirichlet" and by_name.hparams["alpha"] == 0.3
     assert by_object.hparams["partition"] == {
-        "class_path": "fl_lightning.partitions.Dirichlet",
+        "class_path": "fl_lightning.core.partitions.Dirichlet",
         "init_args": {"alpha": 0.3, "min_size": 10, "max_draws": 100},
     }
 
@@ -431,10 +431,10 @@ def test_cli_partition_object_resolves():
 
     base = ["fit", "--config", str(ROOT / "configs/quickstart.yaml")]
     config = resolve_config(
-        [*base, "--data.partition", "fl_lightning.partitions.Dirichlet", "--data.partition.alpha", "0.1"]
+        [*base, "--data.partition", "fl_lightning.core.partitions.Dirichlet", "--data.partition.alpha", "0.1"]
     )
     assert config["data"]["partition"] == {
-        "class_path": "fl_lightning.partitions.Dirichlet",
+        "class_path": "fl_lightning.core.partitions.Dirichlet",
         "init_args": {"alpha": 0.1, "min_size": 10, "max_draws": 100},
     }
     assert resolve_config([*base, "--data.partition", "iid"])["data"]["partition"] == "iid"
@@ -448,7 +448,10 @@ def test_cli_partition_object_from_yaml(tmp_path):
         yaml.safe_dump(
             {
                 "data": {
-                    "partition": {"class_path": "fl_lightning.partitions.Shard", "init_args": {"shards_per_client": 3}}
+                    "partition": {
+                        "class_path": "fl_lightning.core.partitions.Shard",
+                        "init_args": {"shards_per_client": 3},
+                    }
                 }
             }
         )
@@ -465,13 +468,13 @@ def test_cli_partition_object_from_yaml(tmp_path):
 def test_cli_partition_object_tiny_run_and_resume(tmp_path):
     """A run with a partition object records its label, and resumes only with the same object."""
     from fl_lightning.cli import cli_main
-    from fl_lightning.rundir import RunDirError
+    from fl_lightning.core.rundir import RunDirError
 
     run_dir = tmp_path / "run"
 
     def fit(rounds, *extra):
         return quickstart_fit_args(
-            run_dir, "--data.partition.class_path", "fl_lightning.partitions.Shard", *extra, rounds=rounds
+            run_dir, "--data.partition.class_path", "fl_lightning.core.partitions.Shard", *extra, rounds=rounds
         )
 
     cli_main(fit(1))

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fl_lightning.plots import moving_average, plot_curve
-from fl_lightning.report import plot_curves, write_report
+from fl_lightning.core.plots import moving_average, plot_curve
+from fl_lightning.experiments.report import plot_curves, write_report
 
 PACKAGE = Path(__file__).resolve().parent.parent / "fl_lightning"
 

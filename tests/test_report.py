@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
-from fl_lightning.metrics import forgetting, forgetting_degree, rounds_to_target
-from fl_lightning.report import (
+from fl_lightning.core.metrics import forgetting, forgetting_degree, rounds_to_target
+from fl_lightning.experiments.report import (
     PER_SEED_COLUMNS,
     Published,
     fmt,

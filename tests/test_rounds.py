@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fl_lightning.evaluation import Evaluation, add_counts, batch_counts, evaluate
-from fl_lightning.rounds import RoundPlan, RoundState, client_steps, num_sampled, plan_round, process_share
+from fl_lightning.core.evaluation import Evaluation, add_counts, batch_counts, evaluate
+from fl_lightning.core.rounds import RoundPlan, RoundState, client_steps, num_sampled, plan_round, process_share
 
 SIZES = [37, 5, 120, 64, 9, 50, 77, 13, 20, 31]
 

@@ -15,8 +15,8 @@ import pytest
 from helpers import read_metrics, read_summary
 
 from fl_lightning.cli import cli_main, resolve_config, run
-from fl_lightning.compare import Run
-from fl_lightning.rundir import RunDirError, check_run_dir, run_status, science_diff
+from fl_lightning.core.rundir import RunDirError, check_run_dir, run_status, science_diff
+from fl_lightning.experiments.compare import Run
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = [

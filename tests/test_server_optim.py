@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from fl_lightning.server_optim import (
+from fl_lightning.core.server_optim import (
     SERVER_OPTIMIZERS,
     FedAdagrad,
     FedAdam,

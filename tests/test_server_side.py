@@ -9,8 +9,8 @@ import torch
 from helpers import read_summary, tiny_run
 
 from fl_lightning import FedAvg
-from fl_lightning.context import ClientContext, ServerContext
-from fl_lightning.state import ClientStateStore
+from fl_lightning.core.context import ClientContext, ServerContext
+from fl_lightning.core.state import ClientStateStore
 
 
 class Probe(FedAvg):

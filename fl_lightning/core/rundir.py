@@ -21,8 +21,8 @@ from typing import Any
 
 import yaml
 
-from fl_lightning import faults
-from fl_lightning.files import DamagedCheckpoint, verify_checkpoint
+from fl_lightning.core import faults
+from fl_lightning.core.files import DamagedCheckpoint, verify_checkpoint
 
 #: Config keys (dotted) that may differ between a run and its resume: they do not change what is trained.
 FREE_KEYS: tuple[str, ...] = (

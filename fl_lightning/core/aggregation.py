@@ -93,7 +93,7 @@ class StateAccumulator:
 
     def all_reduce(self) -> None:
         """Sum the accumulators of every process (no-op in a single process); keep the first client's integers."""
-        from fl_lightning import distributed
+        from fl_lightning.core import distributed
 
         if not distributed.is_distributed():
             return
@@ -138,7 +138,7 @@ class UploadAccumulator:
 
     def all_reduce(self) -> None:
         """Sum over processes (no-op in a single process); every process must have uploaded the same keys."""
-        from fl_lightning import distributed
+        from fl_lightning.core import distributed
 
         distributed.all_reduce_sum_(self._sums)
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from fl_lightning.files import atomic_path
+from fl_lightning.core.files import atomic_path
 
 
 def _pyplot() -> Any:

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fl_lightning.distributed import all_reduce_sum_
+from fl_lightning.core.distributed import all_reduce_sum_
 
 Counts = dict[str, Tensor]
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from fl_lightning.files import write_text_atomic
+from fl_lightning.core.files import write_text_atomic
 
 START = "<!-- generated from "
 END = "<!-- end generated -->"

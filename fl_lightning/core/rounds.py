@@ -6,8 +6,8 @@ The :class:`~fl_lightning.Federation` callback drives these units from Lightning
   :func:`process_share`: which of them this process trains.
 - :class:`RoundState`: one round in progress: which training batch starts and ends which client, the clients'
   results (weights, uploads, losses, states) as they finish, and the reduce over clients and processes.
-- the server step: the method's ``server_update``, then a :mod:`~fl_lightning.server_optim` optimizer.
-- :func:`~fl_lightning.evaluation.evaluate`: the global model on the test set.
+- the server step: the method's ``server_update``, then a :mod:`~fl_lightning.core.server_optim` optimizer.
+- :func:`~fl_lightning.core.evaluation.evaluate`: the global model on the test set.
 
 Running the round's local updates is the one step an executor owns (today: Lightning's training loop, one client
 after another); planning, the reduce, the server step and evaluation do not depend on it.
@@ -29,10 +29,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fl_lightning.aggregation import StateAccumulator, UploadAccumulator
-from fl_lightning.distributed import all_gather_object, assign_clients
-from fl_lightning.evaluation import Evaluation
-from fl_lightning.metrics import forgetting_degree
+from fl_lightning.core.aggregation import StateAccumulator, UploadAccumulator
+from fl_lightning.core.distributed import all_gather_object, assign_clients
+from fl_lightning.core.evaluation import Evaluation
+from fl_lightning.core.metrics import forgetting_degree
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,7 @@ def plan_round(
 def process_share(plan: RoundPlan, rank: int = 0, world: int = 1) -> tuple[list[int], RoundPlan]:
     """This process's slots (positions in ``plan.clients``) and the plan of the clients it trains.
 
-    Slots are shared so that processes finish together (:func:`~fl_lightning.distributed.assign_clients`). Every
+    Slots are shared so that processes finish together (:func:`~fl_lightning.core.distributed.assign_clients`). Every
     process gets as many clients as the largest share: the shorter shares are padded with empty updates (client
     -1, no steps), since Lightning keeps processes in step at every training batch.
     """

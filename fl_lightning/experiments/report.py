@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from fl_lightning.files import atomic_path, write_text_atomic
-from fl_lightning.metrics import rounds_to_target
-from fl_lightning.plots import (
+from fl_lightning.core.files import atomic_path, write_text_atomic
+from fl_lightning.core.metrics import rounds_to_target
+from fl_lightning.core.plots import (
     _pyplot,
     integer_round_axis,
     mark_divergence,
@@ -25,7 +25,7 @@ from fl_lightning.plots import (
     save_figure,
     series_style,
 )
-from fl_lightning.rundir import run_status
+from fl_lightning.core.rundir import run_status
 
 RunRef = tuple[str, str, int, Path]  # setting, method, seed, run directory
 

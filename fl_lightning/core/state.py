@@ -9,8 +9,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fl_lightning.distributed import to_device
-from fl_lightning.files import atomic_path
+from fl_lightning.core.distributed import to_device
+from fl_lightning.core.files import atomic_path
 
 
 def state_nbytes(tree: Any) -> int:

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from fl_lightning.augment import input_stats
+from fl_lightning.core.augment import input_stats
 
 #: Folder used when ``root`` is not given.
 DEFAULT_ROOT = "./data"

@@ -49,11 +49,8 @@ from pathlib import Path
 import yaml
 
 from fl_lightning import shipped_configs
-from fl_lightning.lightning_cli import resolve_config
-from fl_lightning.methods import METHODS
-from fl_lightning.report import Published, write_report
-from fl_lightning.rules import busy_cpu_note
-from fl_lightning.rundir import (
+from fl_lightning.cli_errors import one_line
+from fl_lightning.core.rundir import (
     RunDirError,
     claim_run_dir,
     has_results,
@@ -63,6 +60,10 @@ from fl_lightning.rundir import (
     run_status,
     science_diff,
 )
+from fl_lightning.experiments.report import Published, write_report
+from fl_lightning.lightning_cli import resolve_config
+from fl_lightning.methods import METHODS
+from fl_lightning.rules import busy_cpu_note
 
 _KEYS = {
     "name",
@@ -244,7 +245,6 @@ class CompareSpec:
             try:
                 self.resolved(run)
             except Exception as err:  # the parser's error, whatever its type
-                from fl_lightning.cli import one_line  # here: the CLI imports this module
 
                 raise ValueError(f"{path}: variant {method!r} does not resolve: {one_line(err)}") from err
 
@@ -319,7 +319,7 @@ class Run:
         """What to do with the run: ``reuse``, ``resume``, ``new`` or ``rerun`` (replace it), and why.
 
         A finished run is reused, and an unfinished one resumed, only when its saved ``config.yaml`` matches the
-        config the comparison would run now (the science keys of :mod:`fl_lightning.rundir`).
+        config the comparison would run now (the science keys of :mod:`fl_lightning.core.rundir`).
         """
         state = self.state()
         if state == "new":
@@ -543,7 +543,7 @@ def _log_report_to_wandb(spec: CompareSpec, report_dir: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     """``cli.py compare --config FILE [--dry-run]``."""
     parser = argparse.ArgumentParser(prog="cli.py compare", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", required=True, help="comparison YAML (see fl_lightning/compare.py)")
+    parser.add_argument("--config", required=True, help="comparison YAML (see fl_lightning/experiments/compare.py)")
     parser.add_argument("--dry-run", action="store_true", help="print the fit commands instead of running them")
     parser.add_argument("--jobs", type=int, default=None, help="override the YAML's parallel runs")
     parser.add_argument(

@@ -17,7 +17,7 @@ gain, paired by seed (:data:`VERDICT_RULES`). Each verdict is given over all com
 so that a table shows which verdicts a single seed would have got wrong.
 
 ``python cli.py claims`` writes ``claims.md``, ``claims.csv`` and ``claims.png`` next to the YAML and refreshes
-README's generated sections (:mod:`fl_lightning.includes`).
+README's generated sections (:mod:`fl_lightning.experiments.includes`).
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from typing import Any
 
 import yaml
 
-from fl_lightning.files import write_text_atomic
-from fl_lightning.report import mean_std
+from fl_lightning.core.files import write_text_atomic
+from fl_lightning.experiments.report import mean_std
 
 #: The method every claim is measured against: ``per_seed.csv``'s deltas and speedups must be against it.
 BASELINE = "fedavg"
@@ -68,8 +68,8 @@ METRICS: dict[str, tuple[str, str, str]] = {
     # forgetting F (FedNTD eq. 5) x 100, the method's minus FedAvg's of the same seed; lower is better, so a paper's
     # claim of less forgetting has a negative gain and is reproduced by negative ones
     "forgetting": ("forgetting", "", "points"),
-    # the mean fall of the global accuracy from one evaluated round to the next (fl_lightning.report.mean_drop), for
-    # the papers' "more stable" curves; lower is better
+    # the mean fall of the global accuracy from one evaluated round to the next
+    # (fl_lightning.experiments.report.mean_drop), for the papers' "more stable" curves; lower is better
     "mean_drop": ("mean_drop", "", "points"),
 }
 #: Metrics where lower is better: a claim with no paper numbers is won by a negative gain; no paper "Failed" by them.
@@ -461,7 +461,7 @@ def plot_claims(rows: Sequence[dict[str, Any]], path: Path) -> Path | None:
     if not shown:
         Path(path).unlink(missing_ok=True)  # an older figure would show claims that are no longer measured
         return None
-    from fl_lightning.plots import _pyplot, save_figure
+    from fl_lightning.core.plots import _pyplot, save_figure
 
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(10, 0.32 * len(shown) + 1.8))
@@ -504,7 +504,7 @@ def stale_claims(claims_yaml: Path, results_dir: Path) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """``cli.py claims [--claims FILE] [--results DIR] [--readme FILE | --check]``."""
-    from fl_lightning import includes
+    from fl_lightning.experiments import includes
 
     parser = argparse.ArgumentParser(prog="cli.py claims", description=__doc__.split("\n\n")[0])
     parser.add_argument("--claims", default="results/claims/paper_claims.yaml", help="the claims YAML")
