@@ -22,6 +22,7 @@ from fl_lightning.core.datasets import DATASETS, ImageData, load_dataset
 from fl_lightning.core.evaluation import Evaluation, evaluate
 from fl_lightning.core.partitions import Given, Partitioner, class_counts, client_id_array, make_partitioner
 from fl_lightning.core.rounds import RoundPlan, RoundPlanner, client_steps, round_seed
+from fl_lightning.lightning_internals import record_initial_hparam
 
 #: (channels, image size, classes) of each built-in dataset, known before any file is read (from ``DATASETS``).
 DATASET_SHAPES: dict[str, tuple[int, int, int]] = {name: info.shape for name, info in DATASETS.items()}
@@ -648,8 +649,7 @@ class FederatedDataModule(L.LightningDataModule):
             else {"class_path": f"{type(part).__module__}.{type(part).__qualname__}", "init_args": part.init_args()},
         }
         for name, value in recorded.items():
-            self.hparams[name] = value
-            self._hparams_initial[name] = value
+            record_initial_hparam(self, name, value)
 
         self.data: ImageData | None = None
         self.train_x: Tensor | None = None

@@ -42,6 +42,7 @@ from fl_lightning.core.server_optim import ServerOptimizer, ServerSGD
 from fl_lightning.core.state import ClientStateStore
 from fl_lightning.data import FederatedDataModule
 from fl_lightning.executor import SequentialClients
+from fl_lightning.lightning_internals import set_logged_step
 from fl_lightning.module import FedAvg, FederatedHooks
 from fl_lightning.progress import quiet_lightning, use_round_bars
 from fl_lightning.recorder import RunRecorder, run_info
@@ -303,7 +304,7 @@ class Federation(Callback):
         if self._engine_note is not None and not warned:
             self.recorder.say(trainer, self._engine_note)
         # Lightning logs its own keys (LR monitor, validation, epoch metrics) at this counter: keep it the round.
-        trainer.fit_loop.epoch_loop._batches_that_stepped = trainer.current_epoch + 1
+        set_logged_step(trainer, trainer.current_epoch + 1)
         if trainer.is_global_zero and not self.recorder.history:
             self.recorder.write_partition(self.dm.client_class_counts, self._partition_title())
 
@@ -384,7 +385,7 @@ class Federation(Callback):
         rnd, server = self._round, self._server
         assert rnd is not None and server is not None and self.recorder is not None
         r = rnd.plan.round
-        trainer.fit_loop.epoch_loop._batches_that_stepped = r + 1  # validation's step: the round (see on_train_start)
+        set_logged_step(trainer, r + 1)  # validation's step: the round (see on_train_start)
         diverged = rnd.gather_divergence()
         if diverged:
             pl_module.load_state_dict(rnd.global_weights)  # keep the last finite global model
@@ -412,7 +413,7 @@ class Federation(Callback):
         """
         assert self.recorder is not None and self.dm is not None
         # Lightning logs a round's epoch metrics at this counter minus one, and the next LR monitor reading at it.
-        trainer.fit_loop.epoch_loop._batches_that_stepped = trainer.current_epoch + 2
+        set_logged_step(trainer, trainer.current_epoch + 2)
         if self._measured is not None:
             self.recorder.record_round(trainer, *self._measured)
             self._measured = None

@@ -20,6 +20,7 @@ from fl_lightning.core.distributed import all_reduce_sum_
 from fl_lightning.core.evaluation import Counts, Evaluation, add_counts, batch_counts
 from fl_lightning.core.models import MODELS, build_model, net_name
 from fl_lightning.data import ClientGroup
+from fl_lightning.lightning_internals import has_trainer, record_initial_hparam
 
 #: Where a method's checkpoint holds its :class:`~fl_lightning.core.augment.InputNormalization` statistics.
 INPUT_NORMALIZATION_KEY = "input_normalization"
@@ -318,9 +319,7 @@ class FedAvg(FederatedHooks, L.LightningModule):
 
     def _record_hparam(self, name: str, value: Any) -> None:
         """Record a value resolved at fit start in the hyper-parameters (checkpoints) and what loggers receive."""
-        self.hparams[name] = value
-        if getattr(self, "_hparams_initial", None) is not None:
-            self._hparams_initial[name] = value
+        record_initial_hparam(self, name, value)
 
     def forward(self, x: Tensor) -> Tensor:
         """Class logits of normalised inputs (what training and evaluation batches are; raw ones: predict_step)."""
@@ -361,7 +360,7 @@ class FedAvg(FederatedHooks, L.LightningModule):
         Without one it raises ``AttributeError`` (Lightning raises ``RuntimeError``), so that ``hasattr``,
         ``inspect.getmembers`` and other probing pass a module outside a fit by.
         """
-        if self._trainer is None and self._fabric is None and not self._jit_is_scripting:
+        if not has_trainer(self):
             raise AttributeError(f"{type(self).__name__} is not attached to a `Trainer`")
         return L.LightningModule.trainer.fget(self)  # type: ignore[attr-defined]
 

@@ -21,6 +21,8 @@ from lightning.pytorch.callbacks.progress.rich_progress import RichProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm, TQDMProgressBar, convert_inf
 from typing_extensions import override
 
+from fl_lightning.lightning_internals import rich_bar_settings
+
 #: Log lines of Lightning's that say nothing about a federated run (advertising, start-up and end remarks).
 _LOG_NOISE = (
     "💡 Tip:",
@@ -142,7 +144,7 @@ def use_round_bars(trainer: L.Trainer) -> None:
         if type(bar) is TQDMProgressBar:
             trainer.callbacks[i] = RoundProgressBar(bar.refresh_rate, bar.process_position, terminal_only=False)
         elif type(bar) is RichProgressBar:
-            trainer.callbacks[i] = RichRoundProgressBar(bar.refresh_rate, bar._leave, bar.theme, bar._console_kwargs)
+            trainer.callbacks[i] = RichRoundProgressBar(**rich_bar_settings(bar))
 
 
 def _is_terminal(stream: Any) -> bool:

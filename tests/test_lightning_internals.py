@@ -1,0 +1,148 @@
+"""Lightning's private internals that fl_lightning relies on (fl_lightning.lightning_internals), one test each.
+
+A failure here names the internal that a new Lightning release changed: mend its function in
+``fl_lightning/lightning_internals.py`` before raising the ``lightning`` pin.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import RichProgressBar
+from lightning.pytorch.loggers.logger import Logger
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from fl_lightning.lightning_internals import has_trainer, record_initial_hparam, rich_bar_settings, set_logged_step
+
+
+class _Tiny(L.LightningModule):
+    def __init__(self, width: int = 2) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.layer = nn.Linear(2, 1)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self.layer(batch[0]).pow(2).mean()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _loader() -> DataLoader:
+    return DataLoader(TensorDataset(torch.randn(4, 2)), batch_size=2)
+
+
+class _Steps(Logger):
+    """Records the step of every log_metrics call and the hyper-parameters sent at fit start."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps: list[tuple[dict[str, float], int | None]] = []
+        self.hparams: dict[str, Any] = {}
+
+    @property
+    def name(self) -> str:
+        return "steps"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.steps.append((metrics, step))
+
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        self.hparams.update(dict(params))
+
+
+def _trainer(tmp_path: Any, **kwargs: Any) -> L.Trainer:
+    defaults: dict[str, Any] = {
+        "accelerator": "cpu",
+        "max_epochs": 1,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "default_root_dir": str(tmp_path),
+    }
+    return L.Trainer(**{**defaults, **kwargs})
+
+
+def test_logged_step_is_fit_loop_epoch_loop_batches_that_stepped(tmp_path):
+    assert hasattr(L.Trainer().fit_loop.epoch_loop, "_batches_that_stepped"), (
+        "Lightning no longer has fit_loop.epoch_loop._batches_that_stepped (set_logged_step)"
+    )
+
+    class LogAtEpochEnd(L.Callback):
+        def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+            set_logged_step(trainer, 41)
+            pl_module.log("probe", 1.0)
+
+    logger = _Steps()
+    _trainer(tmp_path, logger=logger, callbacks=[LogAtEpochEnd()]).fit(_Tiny(), _loader())
+    steps = [step for metrics, step in logger.steps if "probe" in metrics]
+    # What is logged at an epoch's end goes out at the step before it (Federation sets ``round + 2`` there).
+    assert steps == [40], f"the loggers' step no longer follows _batches_that_stepped (set_logged_step): {steps}"
+
+
+def test_loggers_receive_hparams_initial(tmp_path):
+    class Resolve(L.Callback):
+        def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+            record_initial_hparam(pl_module, "resolved", 7)
+
+    logger = _Steps()
+    model = _Tiny()
+    _trainer(tmp_path, logger=logger, callbacks=[Resolve()]).fit(model, _loader())
+    assert model.hparams["resolved"] == 7
+    assert logger.hparams.get("resolved") == 7, (
+        "the loggers no longer receive LightningModule._hparams_initial (record_initial_hparam)"
+    )
+
+
+def test_rich_progress_bar_settings_round_trip():
+    pytest.importorskip("rich")
+    bar = RichProgressBar(refresh_rate=3, leave=True, console_kwargs={"width": 90})
+    settings = rich_bar_settings(bar)
+    again = RichProgressBar(**settings)
+    assert rich_bar_settings(again) == settings, "RichProgressBar's _leave/_console_kwargs changed (rich_bar_settings)"
+    assert settings["leave"] is True and settings["console_kwargs"] == {"width": 90}
+
+
+def test_has_trainer_reads_lightning_modules_private_attachment(tmp_path):
+    model = _Tiny()
+    assert not has_trainer(model), "LightningModule._trainer/_fabric/_jit_is_scripting changed (has_trainer)"
+    with pytest.raises(RuntimeError):
+        _ = L.LightningModule.trainer.fget(model)  # type: ignore[attr-defined]
+    trainer = _trainer(tmp_path, logger=False)
+    trainer.fit(model, _loader())
+    assert has_trainer(model) and model.trainer is trainer
+
+
+def test_datamodule_is_attached_before_the_fit_loop_reads_max_epochs(tmp_path):
+    """FederatedDataModule's ``trainer`` setter sets the rounds: Lightning must assign it before the loop starts."""
+    order: list[str] = []
+
+    class Attach(L.LightningDataModule):
+        @property
+        def trainer(self) -> L.Trainer | None:
+            return self.__dict__.get("_t")
+
+        @trainer.setter
+        def trainer(self, trainer: L.Trainer | None) -> None:
+            self.__dict__["_t"] = trainer
+            if trainer is not None:
+                order.append("attached")
+                trainer.fit_loop.max_epochs = 2
+
+        def train_dataloader(self) -> DataLoader:
+            return _loader()
+
+    trainer = _trainer(tmp_path, logger=False, max_epochs=5)
+    trainer.fit(_Tiny(), datamodule=Attach())
+    assert order and trainer.current_epoch == 2, (
+        "Lightning no longer assigns LightningDataModule.trainer before the fit loop reads max_epochs "
+        "(FederatedDataModule.trainer's setter)"
+    )
