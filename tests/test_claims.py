@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from fl_lightning.experiments import claims, includes
-from fl_lightning.experiments.report import PER_SEED_COLUMNS
+from fl_lightning.experiments.tables import PER_SEED_COLUMNS
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from fl_lightning.core.plots import moving_average, plot_curve
-from fl_lightning.experiments.report import plot_curves, write_report
+from fl_lightning.experiments.figures import plot_curves
+from fl_lightning.experiments.report import write_report
 
 PACKAGE = Path(__file__).resolve().parent.parent / "fl_lightning"
 
@@ -129,7 +130,7 @@ def test_local_accuracy_curves_of_runs_with_eval_local(tmp_path, figures):
 
 def test_no_module_imports_matplotlib_at_import_time():
     """Importing fl_lightning's modules must not import matplotlib (it is imported when a figure is drawn)."""
-    for path in PACKAGE.glob("*.py"):
+    for path in PACKAGE.rglob("*.py"):
         for node in ast.parse(path.read_text()).body:
             names = []
             if isinstance(node, ast.Import):

@@ -9,15 +9,10 @@ import pytest
 import torch
 
 from fl_lightning.core.metrics import forgetting, forgetting_degree, rounds_to_target
-from fl_lightning.experiments.report import (
-    PER_SEED_COLUMNS,
-    Published,
-    fmt,
-    fmt_delta,
-    mean_std,
-    summarize,
-    write_report,
-)
+from fl_lightning.experiments.aggregate import mean_std, summarize
+from fl_lightning.experiments.published import Published
+from fl_lightning.experiments.report import write_report
+from fl_lightning.experiments.tables import PER_SEED_COLUMNS, fmt, fmt_delta
 
 
 def test_forgetting_hand_made():
@@ -193,7 +188,7 @@ def test_report_paired_tables(paired_comparison):
     out = write_report("demo", tmp_path, runs, "fedavg")
     md = (out / "results.md").read_text()
     # which paper each target follows
-    assert "its final accuracy (FedNTD; METHODS.md) and its best accuracy (FedLMD)" in md
+    assert "its final accuracy (FedNTD; docs/source/methods.md) and its best accuracy (FedLMD)" in md
     assert (
         "| rounds to fedavg's final acc | speedup (fedavg's final acc) "
         "| rounds to fedavg's best acc | speedup (fedavg's best acc) |"

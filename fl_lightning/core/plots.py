@@ -1,4 +1,7 @@
-"""PNG figures of a run: the partition heatmap and the learning curve (matplotlib is imported only when drawing)."""
+"""PNG figures of a run: the partition heatmap and the learning curve, and the axis helpers they share.
+
+matplotlib is imported only when a figure is drawn.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +14,8 @@ import numpy as np
 from fl_lightning.core.files import atomic_path
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the file-only Agg backend, imported on first use."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -63,7 +67,7 @@ def integer_round_axis(ax: Any, rounds: Sequence[int] = ()) -> None:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
-def moving_average(values: Sequence[float], window: int) -> np.ndarray:
+def moving_average(values: Sequence[float] | np.ndarray, window: int) -> np.ndarray:
     """Trailing moving average over ``window`` values (fewer at the start); ``window <= 1`` returns the values.
 
     >>> moving_average([1.0, 3.0, 5.0, 7.0], 2).tolist()
@@ -80,7 +84,7 @@ def moving_average(values: Sequence[float], window: int) -> np.ndarray:
 
 def plot_partition(counts: np.ndarray, path: str | Path, title: str = "") -> Path:
     """Heatmap of the client × class sample counts."""
-    plt = _pyplot()
+    plt = pyplot()
     counts = np.asarray(counts)
     n_clients, n_classes = counts.shape
     width = min(16.0, 2.0 + 0.35 * n_classes)
@@ -121,7 +125,7 @@ def plot_curve(
         diverged_round: the round a diverged run failed in; marked with a red dashed line.
         smooth: > 1 draws a moving average over this many evaluations over the faint raw curve.
     """
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     x, y = list(rounds), 100.0 * np.asarray(accs, dtype=np.float64)
     marker = "." if len(x) < 60 else None
@@ -139,15 +143,6 @@ def plot_curve(
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return save_figure(fig, path)
-
-
-def series_style(i: int) -> dict[str, str]:
-    """Colour and line style of the ``i``-th method on a shared axis: ten colours, then the same with other dashes.
-
-    >>> series_style(0), series_style(11)
-    ({'color': 'C0', 'ls': '-'}, {'color': 'C1', 'ls': '--'})
-    """
-    return {"color": f"C{i % 10}", "ls": ("-", "--", ":", "-.")[(i // 10) % 4]}
 
 
 def mark_divergence(ax: Any, round_idx: int, color: str = "red", label: str = "diverged", row: int = 0) -> None:

@@ -34,7 +34,8 @@ from typing import Any
 import yaml
 
 from fl_lightning.core.files import write_text_atomic
-from fl_lightning.experiments.report import mean_std
+from fl_lightning.experiments.aggregate import mean_std
+from fl_lightning.experiments.tables import fmt_mean_std
 
 #: The method every claim is measured against: ``per_seed.csv``'s deltas and speedups must be against it.
 BASELINE = "fedavg"
@@ -69,7 +70,7 @@ METRICS: dict[str, tuple[str, str, str]] = {
     # claim of less forgetting has a negative gain and is reproduced by negative ones
     "forgetting": ("forgetting", "", "points"),
     # the mean fall of the global accuracy from one evaluated round to the next
-    # (fl_lightning.experiments.report.mean_drop), for the papers' "more stable" curves; lower is better
+    # (fl_lightning.experiments.aggregate.mean_drop), for the papers' "more stable" curves; lower is better
     "mean_drop": ("mean_drop", "", "points"),
 }
 #: Metrics where lower is better: a claim with no paper numbers is won by a negative gain; no paper "Failed" by them.
@@ -157,6 +158,7 @@ def paper_gain(claim: dict[str, Any], kind: str) -> float | None:
 
 
 def _float(cell: str) -> float | None:
+    """A ``per_seed.csv`` cell as a finite number (None for an empty or non-finite cell)."""
     try:
         value = float(cell)
     except (TypeError, ValueError):
@@ -183,7 +185,9 @@ def read_per_seed(results_dir: Path, table: str, columns: Sequence[str] = ()) ->
     return rows
 
 
-def measured(rows: Sequence[dict[str, str]], measure: dict[str, Any], seeds: Sequence[int] | None = None) -> dict:
+def measured(
+    rows: Sequence[dict[str, str]], measure: dict[str, Any], seeds: Sequence[int] | None = None
+) -> dict[str, Any]:
     """fl_lightning's side of a claim from a comparison's per-seed rows.
 
     Per paired seed (the method's run and FedAvg's both completed): the method's value, FedAvg's, and the gain
@@ -204,6 +208,7 @@ def measured(rows: Sequence[dict[str, str]], measure: dict[str, Any], seeds: Seq
             continue
         out["pairs"] += 1
         value, base_value = _float(run[value_col]), _float(base[seed][value_col])
+        gain: float | None
         if kind == "speedup":
             speedup = _float(run[gain_col])
             if speedup is None:  # the method never reached FedAvg's accuracy: counted as speedup 0, a loss
@@ -334,14 +339,16 @@ def claim_row(claim: dict[str, Any], results_dir: Path) -> dict[str, Any]:
     return row
 
 
-def _pm(values: Sequence[float], digits: int = 2) -> str:
+def _pm(values: Sequence[float]) -> str:
+    """``mean ± std`` of values already in points (the mean alone for one value; empty for none)."""
     if not values:
         return ""
     mean, std = mean_std(values)
-    return f"{mean:.{digits}f}" if len(values) == 1 else f"{mean:.{digits}f} ± {std:.{digits}f}"
+    return fmt_mean_std(mean, std if len(values) > 1 else None)
 
 
 def _gain_cell(row: dict[str, Any], kind: str) -> str:
+    """fl_lightning's gain cell: mean ± std over seeds (a speedup as ``1.20x``) and the seeds won."""
     if row["fl_gain_mean"] == "":
         return "–"
     unit = "x" if kind == "speedup" else ""
@@ -461,9 +468,9 @@ def plot_claims(rows: Sequence[dict[str, Any]], path: Path) -> Path | None:
     if not shown:
         Path(path).unlink(missing_ok=True)  # an older figure would show claims that are no longer measured
         return None
-    from fl_lightning.core.plots import _pyplot, save_figure
+    from fl_lightning.core.plots import pyplot, save_figure
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(10, 0.32 * len(shown) + 1.8))
     for y, row in enumerate(shown):
         n = len(row["seeds"].split())

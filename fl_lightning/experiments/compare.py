@@ -45,6 +45,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -82,7 +83,7 @@ _KEYS = {
 }
 
 
-def _as_list(value: object, key: str, path: str | Path, allow_empty: bool = False) -> list:
+def _as_list(value: object, key: str, path: str | Path, allow_empty: bool = False) -> list[Any]:
     """A YAML list; a single name or number stands for a one-item list (``methods: fedavg``)."""
     if isinstance(value, (str, int, float)) and not isinstance(value, bool):
         value = [value]
@@ -96,14 +97,14 @@ def _as_list(value: object, key: str, path: str | Path, allow_empty: bool = Fals
 def _published(raw: object, spec: CompareSpec, path: str | Path) -> Published:
     """The YAML's ``published`` block, every setting and method in it checked against the comparison's."""
     example = "published: {source: '...', metric: best_acc, values: {<setting>: {<method>: [mean, std]}}}"
-    values_given = isinstance(raw, dict) and isinstance(raw.get("values"), dict) and raw["values"]
-    if not values_given or not raw.get("source"):
+    given = raw.get("values") if isinstance(raw, dict) else None
+    if not isinstance(raw, dict) or not isinstance(given, dict) or not given or not raw.get("source"):
         raise ValueError(f"{path}: published needs a source and values, e.g. {example}")
     unknown = sorted(set(raw) - {"source", "metric", "values"})
     if unknown:
         raise ValueError(f"{path}: published: unknown key(s) {unknown}; the keys are source, metric, values")
     values: dict[tuple[str, str], tuple[float, float | None]] = {}
-    for setting, by_method in raw["values"].items():
+    for setting, by_method in given.items():
         if str(setting) not in spec.settings:
             raise ValueError(f"{path}: published: {setting!r} is not one of the settings {sorted(spec.settings)}")
         if not isinstance(by_method, dict):
@@ -160,6 +161,7 @@ def _variants(raw: object, methods: list[str], path: str | Path) -> dict[str, tu
 
 
 def _as_int(value: object, path: str | Path, key: str = "seeds") -> int:
+    """A YAML whole number (not a bool)."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{path}: {key} takes whole numbers, got {value!r}")
     return value
@@ -237,7 +239,7 @@ class CompareSpec:
 
     def check_variants(self, path: str | Path) -> None:
         """Resolve each variant's first run now: an override its method does not take fails here, in one line."""
-        firsts = {}
+        firsts: dict[str, Run] = {}
         for run in self.runs():
             firsts.setdefault(run.method, run)
         for method in self.variants:
@@ -245,14 +247,13 @@ class CompareSpec:
             try:
                 self.resolved(run)
             except Exception as err:  # the parser's error, whatever its type
-
                 raise ValueError(f"{path}: variant {method!r} does not resolve: {one_line(err)}") from err
 
     def config_method(self, method: str) -> str:
         """The method whose config ``method`` runs: a variant's base method, else the method itself."""
         return self.variants[method][0] if method in self.variants else method
 
-    def resolved(self, run: Run) -> dict:
+    def resolved(self, run: Run) -> dict[str, Any]:
         """The resolved config a run of this comparison trains with (what its ``config.yaml`` must hold)."""
         return resolve_config(_fit_args(self, run))
 
@@ -342,6 +343,7 @@ def _threads_per_run(jobs: int) -> int:
 
 
 def _command(spec: CompareSpec, run: Run, resume: bool, overwrite: bool = False) -> list[str]:
+    """The command line of one run's fit: its ``fit`` arguments, the W&B logger's, and resume or overwrite flags."""
     cmd = [sys.executable, "-m", "fl_lightning.cli", *_fit_args(spec, run)]
     if spec.wandb:
         cmd += [
@@ -508,7 +510,7 @@ def write_spec_report(spec: CompareSpec, report_root: Path | None = None, plots:
         spec.name,
         report_root or spec.output_dir,
         [(r.setting, r.method, r.seed, r.run_dir) for r in spec.runs()],
-        spec.baseline,
+        spec.baseline if spec.baseline is not None else spec.methods[0],
         smooth=spec.smooth,
         notes=spec.notes,
         published=spec.published,
@@ -524,7 +526,7 @@ def _log_report_to_wandb(spec: CompareSpec, report_dir: Path) -> None:
 
     with open(report_dir / "results.csv") as f:
         rows = list(csv.reader(f))
-    mode = os.environ.get("WANDB_MODE", "offline")
+    mode: Any = os.environ.get("WANDB_MODE", "offline")  # wandb checks the value
     run = wandb.init(
         project="fl_lightning",
         group=spec.name,
@@ -534,16 +536,22 @@ def _log_report_to_wandb(spec: CompareSpec, report_dir: Path) -> None:
         mode=mode,
         tags=["report"],
     )
-    run.log({"results": wandb.Table(columns=rows[0], data=rows[1:])})
+    header: list[str | int] = list(rows[0])
+    run.log({"results": wandb.Table(columns=header, data=rows[1:])})
     for png in sorted(report_dir.glob("[!.]*.png")):
         run.log({f"plots/{png.stem}": wandb.Image(str(png))})
     run.finish()
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``cli.py compare --config FILE [--dry-run]``."""
-    parser = argparse.ArgumentParser(prog="cli.py compare", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", required=True, help="comparison YAML (see fl_lightning/experiments/compare.py)")
+    """``fl-lightning compare --config FILE [--dry-run]``."""
+    parser = argparse.ArgumentParser(prog="fl-lightning compare", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--config",
+        required=True,
+        help="a comparison YAML, or a shipped one's name (fl-lightning configs lists them); README's section "
+        "'Comparisons and the papers' tables' describes its keys",
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the fit commands instead of running them")
     parser.add_argument("--jobs", type=int, default=None, help="override the YAML's parallel runs")
     parser.add_argument(
