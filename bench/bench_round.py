@@ -24,8 +24,8 @@ from _setting import bare_trainer  # bench/ is on sys.path when run as a script
 
 from fl_lightning import FedAvg, FederatedDataModule, Federation
 from fl_lightning.core.aggregation import StateAccumulator, aggregation_weights
+from fl_lightning.core.batches import RoundBatches
 from fl_lightning.core.models import build_model
-from fl_lightning.data import RoundBatches
 
 SETTING = dict(num_clients=100, sample_ratio=0.1, local_epochs=5, batch_size=50, lr=0.01, momentum=0.9, wd=1e-5)
 

@@ -26,8 +26,8 @@ from _setting import bare_trainer  # bench/ is on sys.path when run as a script
 from torch.utils.data import Dataset
 
 from fl_lightning import FedAvg, FederatedDataModule, Federation
+from fl_lightning.core.batches import RoundBatches
 from fl_lightning.core.datasets import read_idx
-from fl_lightning.data import RoundBatches
 
 FMNIST = Path("/usr/share/datasets/fashion-mnist")  # Debian's dataset-fashion-mnist
 

@@ -13,8 +13,10 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from fl_lightning import FedAvg, FederatedDataModule, Federation
+from fl_lightning.core.batches import RoundBatches
 from fl_lightning.core.datasets import load_dataset
-from fl_lightning.data import DataSource, RoundBatches, RoundPlan, client_steps
+from fl_lightning.core.rounds import RoundPlan, client_steps
+from fl_lightning.data import DataSource
 
 
 def _digits() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

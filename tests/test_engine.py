@@ -13,7 +13,8 @@ from helpers import bare_trainer, read_metrics, read_summary, tiny_run
 
 from fl_lightning import FedAvg, FederatedDataModule, Federation
 from fl_lightning.core.aggregation import StateAccumulator, aggregation_weights, weighted_average
-from fl_lightning.data import RoundBatches, RoundPlan, client_steps
+from fl_lightning.core.batches import RoundBatches
+from fl_lightning.core.rounds import RoundPlan, client_steps
 
 
 class TestAggregation:
