@@ -20,8 +20,7 @@ class AtomicLastCheckpoint(ModelCheckpoint):
     A process killed at any point leaves the previous round's checkpoint or the new one, never a cut file or a link
     to a deleted file (Lightning's ``save_last="link"`` with ``save_top_k=1`` can leave either). Each checkpoint
     carries its checksum (:func:`~fl_lightning.core.files.seal_checkpoint`); a write that fails (a full disk) removes
-    its
-    temporary and leaves the previous checkpoint.
+    its temporary and leaves the previous checkpoint.
     """
 
     def __init__(self) -> None:

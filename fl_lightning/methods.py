@@ -1,14 +1,14 @@
 """The methods: each a small subclass of :class:`~fl_lightning.module.FedAvg` overriding its local loss.
 
 Losses come from :mod:`fl_lightning.core.losses`; this module only wires each one to the data and server state it needs.
-See ``METHODS.md`` (shared with the project) for the exact equations.
+See ``docs/source/methods.md`` (the project's specification) for the exact equations.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -254,9 +254,8 @@ class FedKA(FedAvg):
     dominant classes' logits.
 
     L_KA is an unbounded squared-logit penalty: its curvature (2β/|T|)·σ_max(J)², J the Jacobian of the anchors'
-    logits, grows with the network's scale, and once lr times it exceeds 2(1 + momentum) local SGD diverges. With
-    LeNet on Fashion-MNIST at the paper's lr 0.01 that happens by round 30 for β = 0.1 (``bench/fedka_stability.py``
-    measures it); ``clip_grad_norm`` keeps such runs finite.
+    logits, grows with the network's scale, and once lr times it exceeds 2(1 + momentum) local SGD diverges
+    (``bench/fedka_stability.py`` measures when); ``clip_grad_norm`` keeps such runs finite.
 
     Args:
         beta: anchor-loss weight β.
@@ -469,7 +468,7 @@ class SCAFFOLD(FedAvg):
     method_name = "scaffold"
     needs_exact_steps = True
     client_attributes = ("_c", "_c_k", "_correction")
-    # Σ_k Δc_k (not a weighted mean): METHODS.md's (|S|/N)·mean(Δc_k) = (1/N)·Σ_{k∈S} Δc_k, whatever the aggregation.
+    # Σ_k Δc_k (not a weighted mean): the paper's (|S|/N)·mean(Δc_k) = (1/N)·Σ_{k∈S} Δc_k, whatever the aggregation.
     upload_reduce: ClassVar[Mapping[str, str]] = {"delta_c": "sum"}
 
     def __init__(self, **kwargs: Any) -> None:
@@ -498,7 +497,7 @@ class SCAFFOLD(FedAvg):
     def on_client_end(self, client: ClientContext) -> dict[str, Tensor]:
         """Update c_k (option II) and upload Δc_k."""
         assert self._c is not None and self._c_k is not None
-        step_sum = client.lr * losses.fednova_a(client.steps, self.hparams.momentum)
+        step_sum = client.lr * losses.fednova_a(client.steps, self.hparams["momentum"])
         w_g, w_k = _state_vector(client.global_weights, self), _param_vector(self)
         c_k_new = losses.scaffold_control_update(self._c_k, self._c, w_g, w_k, step_sum)
         client.state["c"] = c_k_new
@@ -516,11 +515,10 @@ class FedNova(FedAvg):
     """FedNova (Wang et al., NeurIPS 2020, arXiv:2007.07481): normalized averaging of the local updates.
 
     A client that took K steps with momentum ρ uploads a_k (:func:`~fl_lightning.core.losses.fednova_a`) and its
-    normalized
-    update d_k = (w_g − w_k)/a_k; the server steps w_g ← w_g − τ_eff·Σ_k p_k d_k with τ_eff = Σ_k p_k a_k (p_k the
-    aggregation weights: sample sizes, as in the paper, unless ``--federation.aggregation uniform``), so that clients
-    with more local steps do not pull the global model towards their own objective. Buffers are averaged. With equal K
-    and no momentum this is FedAvg. Stateless: no memory per client.
+    normalized update d_k = (w_g − w_k)/a_k; the server steps w_g ← w_g − τ_eff·Σ_k p_k d_k with τ_eff = Σ_k p_k a_k
+    (p_k the aggregation weights: sample sizes, as in the paper, unless ``--federation.aggregation uniform``), so that
+    clients with more local steps do not pull the global model towards their own objective. Buffers are averaged. With
+    equal K and no momentum this is FedAvg. Stateless: no memory per client.
 
     Args:
         **kwargs: see :class:`~fl_lightning.module.FedAvg`.
@@ -531,7 +529,7 @@ class FedNova(FedAvg):
 
     def on_client_end(self, client: ClientContext) -> dict[str, Tensor]:
         """Upload a_k and d_k (both reduced as Σ_k p_k·u_k)."""
-        a_k = losses.fednova_a(client.steps, self.hparams.momentum)
+        a_k = losses.fednova_a(client.steps, self.hparams["momentum"])
         d_k = (_state_vector(client.global_weights, self) - _param_vector(self)) / a_k
         return {"a": torch.tensor(a_k, dtype=d_k.dtype, device=d_k.device), "d": d_k}
 
@@ -605,6 +603,12 @@ class FedDyn(FedAvg):
         return _with_params(average, avg - h.to(avg) / self.alpha, self)
 
 
+def _features(net: nn.Module, x: Tensor) -> Tensor:
+    """``net.features(x)``: the penultimate features of a network :func:`require_features` accepts."""
+    features = cast(Callable[[Tensor], Tensor], net.features)
+    return features(x)
+
+
 class _Projection(nn.Module):
     """A frozen model's projection head(net.features(x)) (MOON's global and previous models)."""
 
@@ -613,7 +617,8 @@ class _Projection(nn.Module):
         self.net, self.head = net, head
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.head(self.net.features(x))
+        """The projection head(net.features(x))."""
+        return self.head(_features(self.net, x))
 
 
 class MOON(FedAvg):
@@ -623,11 +628,10 @@ class MOON(FedAvg):
     (trained and averaged; not used for prediction). L = CE + μ·ℓ_con with ℓ_con pulling the local projection h towards
     the global model's h_g and away from this client's previous local model's h_prev
     (:func:`~fl_lightning.core.losses.moon_loss`). The per-client-state example of the hooks: ``on_client_end`` saves
-    the
-    local model (net and head) in ``client.state["prev"]``, which ``on_client_start`` hands to the loss (a per-client
-    attribute: the batched engine stacks the clients' previous models) the next time the client is sampled (the global
-    model the first time). Memory: one model-plus-head state per client that has trained (CPU), its copy on the device
-    while the client trains, and a frozen copy of the global model.
+    the local model (net and head) in ``client.state["prev"]``, which ``on_client_start`` hands to the loss (a
+    per-client attribute: the batched engine stacks the clients' previous models) the next time the client is sampled
+    (the global model the first time). Memory: one model-plus-head state per client that has trained (CPU), its copy on
+    the device while the client trains, and a frozen copy of the global model.
 
     Args:
         mu: weight μ of the contrastive term.
@@ -647,30 +651,34 @@ class MOON(FedAvg):
         self.mu, self.tau, self.proj_dim = mu, tau, proj_dim
         self.head: nn.Module | None = None
         if self.net is not None:
-            self._build_head()
+            self.head = self._build_head()
         # [global, previous]: frozen copies of net + head, kept in a list so that they are not submodules; the previous
         # model's weights are the client's own (_prev_weights, None the first time: h_prev is h_g, computed once).
         self._frozen: list[nn.Module] = []
         self._prev_weights: dict[str, Tensor] | None = None
 
-    def _build_head(self) -> None:
+    def _build_head(self) -> nn.Module:
+        """A new projection head for the network's features (the network exists)."""
+        assert self.net is not None
         require_features(self.net, "MOON")
-        dim = self.net.feature_dim
-        self.head = nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, self.proj_dim))
+        dim = cast(int, self.net.feature_dim)
+        return nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, self.proj_dim))
 
     def configure_model(self) -> None:
         """Build the projection head once a network built at fit start exists."""
         super().configure_model()
         if self.head is None:
-            self._build_head()
+            self.head = self._build_head()
             self.head.to(self.device)
 
     def project(self, x: Tensor) -> Tensor:
         """The projection h = head(features(x)) of the local model."""
-        return self.head(self.net.features(x))
+        assert self.net is not None and self.head is not None
+        return self.head(_features(self.net, x))
 
     def on_client_start(self, client: ClientContext) -> None:
         """Load the global model into a frozen copy; take this client's previous model (none the first time)."""
+        assert self.net is not None and self.head is not None
         if not self._frozen:
             for _ in range(2):
                 copy_ = _Projection(copy.deepcopy(self.net), copy.deepcopy(self.head))
@@ -683,7 +691,8 @@ class MOON(FedAvg):
 
     def client_loss(self, x: Tensor, y: Tensor) -> Tensor:
         """CE + μ·moon_loss(h, h_g, h_prev)."""
-        features = self.net.features(x)
+        assert self.net is not None and self.head is not None
+        features = _features(self.net, x)
         # The built-in networks' forward is classifier(features(x)): reuse the features when the net says so.
         classifier = getattr(self.net, "classifier", None)
         logits = classifier(features) if isinstance(classifier, nn.Module) else self(x)
@@ -704,12 +713,10 @@ class FedCurv(FedAvg):
 
     After its local steps a client estimates its diagonal Fisher F_k on ``fisher_samples`` of its samples
     (:func:`~fl_lightning.core.losses.diagonal_fisher`) and uploads F_k, F_k ⊙ w_k and F_k ⊙ w_k², summed over the
-    round's
-    clients. The server keeps the sums and sends the previous round's down; a client trains with
+    round's clients. The server keeps the sums and sends the previous round's down; a client trains with
     L = CE + λ·Σ_{j≠k} F_j ⊙ (w − w_j)² (:func:`~fl_lightning.core.losses.fedcurv_penalty`), removing its own
-    contribution
-    when it was in the previous round. Round 0 is FedAvg. Memory: the client's last F_k and w_k (two model sizes, CPU)
-    per client that has trained, and three model-sized sums on the server.
+    contribution when it was in the previous round. Round 0 is FedAvg. Memory: the client's last F_k and w_k (two
+    model sizes, CPU) per client that has trained, and three model-sized sums on the server.
 
     Args:
         lam: penalty weight λ.
@@ -756,6 +763,7 @@ class FedCurv(FedAvg):
 
     def on_client_end(self, client: ClientContext) -> dict[str, Tensor]:
         """Estimate F_k on s local samples; keep F_k and w_k; upload F_k, F_k ⊙ w_k, F_k ⊙ w_k²."""
+        assert self.net is not None
         n = len(client.y)
         pick = torch.randperm(n, generator=client.generator)[: self.fisher_samples] if n > self.fisher_samples else None
         x, y = (client.x, client.y) if pick is None else (client.x[pick], client.y[pick])

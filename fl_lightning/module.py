@@ -4,22 +4,23 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.strategies import SingleDeviceStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor, nn
 
 from fl_lightning.core.augment import BatchTransform, InputNormalization
+from fl_lightning.core.batches import ClientGroup
 from fl_lightning.core.context import ClientContext, ServerContext
 from fl_lightning.core.distributed import all_reduce_sum_
 from fl_lightning.core.evaluation import Counts, Evaluation, add_counts, batch_counts
 from fl_lightning.core.models import MODELS, build_model, net_name
-from fl_lightning.data import ClientGroup
 from fl_lightning.lightning_internals import has_trainer, record_initial_hparam
 
 #: Where a method's checkpoint holds its :class:`~fl_lightning.core.augment.InputNormalization` statistics.
@@ -233,7 +234,7 @@ class FedAvg(FederatedHooks, L.LightningModule):
     def __init__(
         self,
         # str first: jsonargparse tries a union's types in order, and resolving a name as an nn.Module class walks
-        # every nn.Module subclass (about 2 s per command line with torchvision loaded).
+        # every nn.Module subclass (slow with torchvision loaded).
         net: str | nn.Module = "lenet",
         num_classes: int | None = None,
         in_channels: int | None = None,
@@ -268,7 +269,7 @@ class FedAvg(FederatedHooks, L.LightningModule):
         self.net: nn.Module | None = None
         if isinstance(net, nn.Module):
             self.net = net
-        elif None not in (num_classes, in_channels, image_size):
+        elif num_classes is not None and in_channels is not None and image_size is not None:
             self.net = build_model(net, in_channels, image_size, num_classes)
         self.client: ClientContext | None = None
         self._direct_step = False
@@ -306,7 +307,7 @@ class FedAvg(FederatedHooks, L.LightningModule):
                 value = getattr(datamodule, attr, None)
                 if value is None:
                     raise ValueError(
-                        f"the built-in network {self.hparams.net!r} needs images, and the data has none "
+                        f"the built-in network {self.hparams['net']!r} needs images, and the data has none "
                         f"({attr} unknown); pass net=<your nn.Module> for tabular or other inputs"
                     )
                 self._record_hparam(attr, value)
@@ -314,7 +315,7 @@ class FedAvg(FederatedHooks, L.LightningModule):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             self.net = build_model(
-                self.hparams.net, self.hparams.in_channels, self.hparams.image_size, self.num_classes
+                self.hparams["net"], self.hparams["in_channels"], self.hparams["image_size"], self.num_classes
             ).to(self.device)
 
     def _record_hparam(self, name: str, value: Any) -> None:
@@ -362,6 +363,7 @@ class FedAvg(FederatedHooks, L.LightningModule):
         """
         if not has_trainer(self):
             raise AttributeError(f"{type(self).__name__} is not attached to a `Trainer`")
+        # mypy types LightningModule.trainer as the property's value, not the property (here and in the setter).
         return L.LightningModule.trainer.fget(self)  # type: ignore[attr-defined]
 
     @trainer.setter
@@ -383,9 +385,9 @@ class FedAvg(FederatedHooks, L.LightningModule):
         """Local SGD; its state is reset at the start of every client's update."""
         return torch.optim.SGD(
             self.parameters(),
-            lr=self.hparams.lr,
-            momentum=self.hparams.momentum,
-            weight_decay=self.hparams.weight_decay,
+            lr=self.hparams["lr"],
+            momentum=self.hparams["momentum"],
+            weight_decay=self.hparams["weight_decay"],
         )
 
     def training_step(self, batch: Iterable[tuple[Tensor, Tensor]] | ClientGroup, batch_idx: int) -> Tensor | None:
@@ -409,7 +411,7 @@ class FedAvg(FederatedHooks, L.LightningModule):
     def local_step(self, x: Tensor, y: Tensor) -> Tensor:
         """One local optimizer step on one (augmented, normalised) batch; returns its detached loss."""
         loss = self.client_loss(x, y)
-        opt = self.optimizers()
+        opt = cast(LightningOptimizer, self.optimizers())  # configure_optimizers returns one optimizer
         opt.zero_grad()
         if self._direct_step:
             loss.backward()
@@ -440,7 +442,8 @@ class FedAvg(FederatedHooks, L.LightningModule):
 
         Local steps bypass the hooks unless ``step_hooks`` is set or a gradient scaler or distributed strategy is used.
         """
-        transform = getattr(self.trainer.datamodule, "transform", None)
+        datamodule = self.trainer.datamodule  # type: ignore[attr-defined]  # assigned by Lightning, undeclared
+        transform = getattr(datamodule, "transform", None)
         if isinstance(transform, BatchTransform):
             self.input_normalization.copy_from(transform, self.device)
         scaler = getattr(self.trainer.precision_plugin, "scaler", None)
@@ -452,7 +455,7 @@ class FedAvg(FederatedHooks, L.LightningModule):
         checkpoint[INPUT_NORMALIZATION_KEY] = self.input_normalization.stats()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Restore the input normalisation (a checkpoint written before it was saved leaves it as it is)."""
+        """Restore the input normalisation (a checkpoint without it leaves it as it is)."""
         stats = checkpoint.get(INPUT_NORMALIZATION_KEY)
         if stats is not None:
             self.input_normalization.set_stats(stats.get("mean"), stats.get("std"), self.device)
@@ -521,7 +524,7 @@ def frozen_forward(net: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
 
     Inside the batched engine's ``vmap`` under autocast it runs in float32 with autocast off: there the frozen
     network's weights are not stacked, and CUDA autocast hands such a network's convolutions a bf16 input with a
-    float32 bias (RuntimeError, seen with torch 2.11 on an H200). Elsewhere it is plain ``net(x)``.
+    float32 bias (a RuntimeError). Elsewhere it is plain ``net(x)``.
     """
     if torch.is_autocast_enabled(x.device.type) and torch._C._functorch.maybe_current_level() is not None:
         with torch.autocast(x.device.type, enabled=False):

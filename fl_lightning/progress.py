@@ -17,6 +17,8 @@ import warnings
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks.progress.progress_bar import ProgressBar
 from lightning.pytorch.callbacks.progress.rich_progress import RichProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm, TQDMProgressBar, convert_inf
 from typing_extensions import override
@@ -84,7 +86,7 @@ def _escape(text: str) -> str:
 
 def federation_rounds(trainer: L.Trainer) -> int | None:
     """The number of rounds of the trainer's federation (its ``Federation`` callback), else its ``max_epochs``."""
-    for callback in trainer.callbacks:
+    for callback in trainer.callbacks:  # type: ignore[attr-defined]  # assigned by Lightning, undeclared on Trainer
         rounds = getattr(callback, "rounds", None)
         if type(callback).__name__ == "Federation" and isinstance(rounds, int):
             return rounds
@@ -93,7 +95,7 @@ def federation_rounds(trainer: L.Trainer) -> int | None:
 
 def last_evaluation(trainer: L.Trainer) -> tuple[int, float] | None:
     """The round and global accuracy of the federation's last evaluated round (None before the first)."""
-    for callback in trainer.callbacks:
+    for callback in trainer.callbacks:  # type: ignore[attr-defined]  # assigned by Lightning, undeclared on Trainer
         history = getattr(callback, "history", None)
         if type(callback).__name__ == "Federation" and history:
             return int(history[-1]["round"]), float(history[-1]["global_acc"])
@@ -111,7 +113,7 @@ def round_clients(trainer: L.Trainer, batches_done: int) -> tuple[int, int] | No
         loader = trainer.train_dataloader
     except (AttributeError, RuntimeError):
         return None
-    plan = getattr(loader, "plan", None)
+    plan: Any = getattr(loader, "plan", None)
     clients = getattr(plan, "clients", None)
     if clients is None:
         return None
@@ -140,11 +142,12 @@ def use_round_bars(trainer: L.Trainer) -> None:
     Only those exact classes (the Trainer's default bar, or one the user added) are replaced, keeping their settings;
     the replacement draws wherever Lightning's would (``terminal_only=False``). Any other bar is left as it is.
     """
-    for i, bar in enumerate(trainer.callbacks):
+    callbacks: list[Callback] = trainer.callbacks  # type: ignore[attr-defined]  # assigned by Lightning, undeclared
+    for i, bar in enumerate(callbacks):
         if type(bar) is TQDMProgressBar:
-            trainer.callbacks[i] = RoundProgressBar(bar.refresh_rate, bar.process_position, terminal_only=False)
+            callbacks[i] = RoundProgressBar(bar.refresh_rate, bar.process_position, terminal_only=False)
         elif type(bar) is RichProgressBar:
-            trainer.callbacks[i] = RichRoundProgressBar(**rich_bar_settings(bar))
+            callbacks[i] = RichRoundProgressBar(**rich_bar_settings(bar))
 
 
 def _is_terminal(stream: Any) -> bool:
@@ -154,14 +157,14 @@ def _is_terminal(stream: Any) -> bool:
         return False
 
 
-class _CountsClients:
+class _CountsClients(ProgressBar):
     """Mixed into a progress bar: a round's bar counts its clients, not its training batches."""
 
     @property
     def total_train_batches(self) -> int | float:
         """The round's clients (Lightning's count, of training batches, outside a federation)."""
-        progress = round_clients(self.trainer, 0)  # type: ignore[attr-defined]
-        return progress[1] if progress is not None else super().total_train_batches  # type: ignore[misc]
+        progress = round_clients(self.trainer, 0)
+        return progress[1] if progress is not None else super().total_train_batches
 
 
 class RoundProgressBar(_CountsClients, TQDMProgressBar):

@@ -22,6 +22,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import (
+    Callback,
     LearningRateMonitor,
     ModelCheckpoint,
     StochasticWeightAveraging,
@@ -128,9 +129,10 @@ def trainer_round_options(trainer: L.Trainer) -> dict[str, Any]:
     ``max_steps`` to 1, ``overfit_batches`` sets ``limit_train_batches``; the order of the result names the option
     that was given (``fast_dev_run`` first).
     """
+    # Lightning's trainer setup assigns fast_dev_run and overfit_batches; the Trainer class does not declare them.
     return {
-        "fast_dev_run": trainer.fast_dev_run,
-        "overfit_batches": trainer.overfit_batches,
+        "fast_dev_run": trainer.fast_dev_run,  # type: ignore[attr-defined]
+        "overfit_batches": trainer.overfit_batches,  # type: ignore[attr-defined]
         "limit_train_batches": trainer.limit_train_batches,
         "max_steps": trainer.max_steps,
         "accumulate_grad_batches": trainer.accumulate_grad_batches,
@@ -191,8 +193,7 @@ def busy_cpu_note(threads: int | None = None, processes: int = 1, runner: str = 
     """One line when other work leaves fewer idle CPU cores than this fit's torch threads, else None.
 
     Torch's CPU threads wait for each other at every operation; a thread whose core another process holds makes the
-    rest wait for it, and a round can run many times slower (the quickstart beside two busy runs on 2 cores: 5.3-5.5 s
-    a round with torch's 2 threads against 0.6-1.1 s with one). A warning, not a change: the thread count can move
+    rest wait for it, and a round can run many times slower. A warning, not a change: the thread count can move
     float results, so the run keeps what the user chose. Nothing is said when ``OMP_NUM_THREADS`` is set (the user
     chose), when one thread is asked for, or where the CPU's load cannot be read (:func:`busy_cores`).
 
@@ -221,7 +222,7 @@ def busy_cpu_note(threads: int | None = None, processes: int = 1, runner: str = 
 
 def check_callbacks(trainer: L.Trainer) -> None:
     """Refuse the callbacks whose work would be wrong under a federation (weight averaging, per-step LR logging)."""
-    for callback in trainer.callbacks:
+    for callback in trainer.callbacks:  # type: ignore[attr-defined]  # assigned by Lightning, undeclared on Trainer
         if isinstance(callback, LearningRateMonitor) and callback.logging_interval == "step":
             raise ValueError(
                 "LearningRateMonitor(logging_interval='step') would log nothing under Federation (a round's LR is "
@@ -279,7 +280,8 @@ def step_lr_schedulers(trainer: L.Trainer, module: L.LightningModule) -> None:
         return
     for config in trainer.lr_scheduler_configs:
         if (trainer.current_epoch + 1) % config.frequency == 0:
-            metric = trainer.callback_metrics.get(config.monitor) if config.reduce_on_plateau else None
+            monitor = config.monitor if config.reduce_on_plateau else None
+            metric = trainer.callback_metrics.get(monitor) if monitor is not None else None
             module.lr_scheduler_step(config.scheduler, metric)
 
 
@@ -367,7 +369,7 @@ def prepare_trainer(trainer: L.Trainer, rounds: int) -> None:
     if max_epochs == LIGHTNING_DEFAULT_MAX_EPOCHS:
         max_epochs = None
     trainer.fit_loop.max_epochs = check_max_epochs(max_epochs, rounds)
-    callbacks = trainer.callbacks
+    callbacks: list[Callback] = trainer.callbacks  # type: ignore[attr-defined]  # assigned by Lightning, undeclared
     for i, callback in enumerate(callbacks):
         if not isinstance(callback, ModelCheckpoint) or callback.dirpath is not None:
             continue

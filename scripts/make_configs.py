@@ -65,8 +65,8 @@ SERVER_OPTIMIZERS = {
     "fedadagrad": ("FedAdagrad", {"lr": 0.03, "beta1": 0.0, "tau": 0.001}, "η = 0.03"),
 }
 
-# The baselines the papers compare against (METHODS.md, "Baselines"): configs in the FedNTD setting (Fashion-MNIST and
-# CIFAR-10) and FedSSD's CIFAR-10 setting.
+# The baselines the papers compare against (docs/source/methods.md, "Baselines"): configs in the FedNTD setting
+# (Fashion-MNIST and CIFAR-10) and FedSSD's CIFAR-10 setting.
 BASELINES = ("scaffold", "feddyn", "moon", "fednova", "fedcurv")
 
 # NIID-Bench on Fashion-MNIST (FedSSD's [48]): 10 clients, all participate, 50 rounds, E=10, batch 64, LeNet.

@@ -34,7 +34,7 @@ def weighted_average(states: Sequence[StateDict], weights: Sequence[float]) -> d
     """``w = Σ_k weights[k] · w_k`` for every floating-point entry; integer entries are taken from the first state.
 
     Integer buffers such as BatchNorm's ``num_batches_tracked`` are counters, not parameters, so they are not
-    averaged (METHODS.md, "Shared server round").
+    averaged (docs/source/methods.md, "Shared server round").
 
     >>> a = {"w": torch.tensor([0.0, 2.0]), "n": torch.tensor(3)}
     >>> b = {"w": torch.tensor([4.0, 6.0]), "n": torch.tensor(5)}

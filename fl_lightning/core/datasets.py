@@ -314,11 +314,11 @@ def _cifar_loader(
                 [root / folder, root],
                 f"Pass --data.download true to download it with torchvision into {root}.",
             )
-        train = [_read_cifar_batch(directory / name, label_key) for name in train_files]
+        batches = [_read_cifar_batch(directory / name, label_key) for name in train_files]
         test_x, test_y = _read_cifar_batch(directory / test_file, label_key)
         return (
-            torch.from_numpy(np.concatenate([x for x, _ in train])),
-            torch.from_numpy(np.concatenate([y for _, y in train])),
+            torch.from_numpy(np.concatenate([x for x, _ in batches])),
+            torch.from_numpy(np.concatenate([y for _, y in batches])),
             torch.from_numpy(test_x),
             torch.from_numpy(test_y),
             classes,

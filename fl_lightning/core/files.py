@@ -13,6 +13,7 @@ resumes from it.
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import itertools
 import os
@@ -85,7 +86,7 @@ def _content_digest(archive: zipfile.ZipFile) -> str:
             continue
         digest.update(info.filename.encode() + b"\0")
         with archive.open(info) as f:
-            for chunk in iter(lambda f=f: f.read(1 << 20), b""):
+            for chunk in iter(functools.partial(f.read, 1 << 20), b""):
                 digest.update(chunk)
     return digest.hexdigest()
 
@@ -101,7 +102,7 @@ def seal_checkpoint(path: str | Path) -> None:
 _VERIFIED: dict[tuple[str, int, int], bool] = {}
 
 
-def verify_checkpoint(path: str | Path) -> bool:
+def verify_checkpoint(path: str | os.PathLike[str]) -> bool:
     """Check that a checkpoint is whole and unchanged since it was written, before anything is restored from it.
 
     A sealed checkpoint (:func:`seal_checkpoint`) is checked against its SHA-256; any other PyTorch checkpoint (one

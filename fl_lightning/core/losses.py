@@ -1,4 +1,4 @@
-"""The methods' losses as pure functions of tensors (the math of ``METHODS.md``).
+"""The methods' losses as pure functions of tensors (the math of ``docs/source/methods.md``).
 
 Conventions: ``logits`` z and ``teacher_logits`` z_g are ``[B, C]``, ``targets`` y are int64 ``[B]``, class masks are
 bool ``[C]``. Teacher logits are constants (detached here). Every distillation term uses batch-mean reduction (sum over
@@ -120,8 +120,8 @@ def ntd_loss(logits: Tensor, teacher_logits: Tensor, targets: Tensor, tau: float
 def majority_mask(class_counts: Tensor) -> Tensor:
     """FedLMD's majority labels Y_k of a client (Lu et al., ACM MM 2023): the classes with n_{k,c} > n_k / C.
 
-    The paper's rule is garbled; this is the authors' code (METHODS.md): strictly more than the mean count over all C
-    classes, zeros included. Every other class is a minority label.
+    The paper's rule is garbled; this is the authors' code (docs/source/methods.md): strictly more than the mean count
+    over all C classes, zeros included. Every other class is a minority label.
 
     Args:
         class_counts: The client's count of each class, ``[C]``.
@@ -149,7 +149,7 @@ def _lmd_kl(logits: Tensor, p: Tensor, log_p: Tensor, targets: Tensor, tau: floa
 
 
 def lmd_loss(logits: Tensor, teacher_logits: Tensor, targets: Tensor, majority: Tensor, tau: float = 1.0) -> Tensor:
-    """Label-masking distillation of FedLMD (Lu et al., ACM MM 2023, eq. 3–6, with METHODS.md's fixes).
+    """Label-masking distillation of FedLMD (Lu et al., ACM MM 2023, eq. 3–6, with the fixes of docs/source/methods.md).
 
     Teacher p'_g(i) = softmax_τ(z_g) renormalised over the classes i ∉ Y_k ∪ {y} (0 elsewhere; y is masked in the
     teacher too so that the loss is finite when y is a minority label); student p'_k(i) = softmax_τ(z) over i ≠ y
@@ -381,7 +381,7 @@ def ka_class_groups(class_counts: Tensor, gamma: float) -> tuple[Tensor, Tensor,
 
     Args:
         class_counts: The client's count of each class, ``[C]``.
-        gamma: The threshold γ (METHODS.md default 1/(2C)).
+        gamma: The threshold γ (docs/source/methods.md default 1/(2C)).
 
     Returns:
         Bool masks ``(missing, non_dominant, dominant)``, each ``[C]``.

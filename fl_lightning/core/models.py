@@ -155,7 +155,12 @@ class ResNet(nn.Module):
     """CIFAR-style ResNet (3x3 stem, no initial max-pool) for any channel count and image size."""
 
     def __init__(
-        self, block: type[nn.Module], num_blocks: list[int], widths: list[int], in_channels: int, num_classes: int
+        self,
+        block: type[_BasicBlock] | type[_Bottleneck],
+        num_blocks: list[int],
+        widths: list[int],
+        in_channels: int,
+        num_classes: int,
     ) -> None:
         super().__init__()
         self.stem = nn.Sequential(
@@ -167,7 +172,7 @@ class ResNet(nn.Module):
             for j in range(n):
                 stride = 2 if (i > 0 and j == 0) else 1
                 layers.append(block(in_planes, width, stride))
-                in_planes = width * block.expansion  # type: ignore[attr-defined]
+                in_planes = width * block.expansion
         self.layers = nn.Sequential(*layers)
         self.feature_dim = in_planes
         self.classifier = nn.Linear(in_planes, num_classes)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import numpy as np
 
@@ -247,7 +247,7 @@ def given(labels: Labels, client_ids: Sequence[int | str] | np.ndarray) -> list[
 def client_id_array(client_ids: Sequence[int | str] | np.ndarray) -> np.ndarray:
     """The ids as a 1-D numpy array of integers or strings, with a clear error for anything else."""
     if hasattr(client_ids, "numpy") and callable(client_ids.numpy):  # a torch tensor
-        client_ids = client_ids.detach().cpu().numpy()
+        client_ids = cast(Any, client_ids).detach().cpu().numpy()
     ids = np.asarray(client_ids)
     if ids.ndim != 1:
         raise ValueError(f"client_ids must be one id per sample (1-D), got shape {ids.shape}")

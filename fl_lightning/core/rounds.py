@@ -9,8 +9,9 @@ The :class:`~fl_lightning.Federation` callback drives these units from Lightning
 - the server step: the method's ``server_update``, then a :mod:`~fl_lightning.core.server_optim` optimizer.
 - :func:`~fl_lightning.core.evaluation.evaluate`: the global model on the test set.
 
-Running the round's local updates is the one step an executor owns (today: Lightning's training loop, one client
-after another); planning, the reduce, the server step and evaluation do not depend on it.
+Running the round's local updates is the one step an executor owns (inside Lightning's training loop: one client
+after another, or a group of clients per training batch with the batched engine); planning, the reduce, the server
+step and evaluation do not depend on it.
 
 >>> plan = plan_round(0, seed=0, client_sizes=[40, 10, 30, 20], sample_ratio=0.5, batch_size=10, local_epochs=2)
 >>> plan.clients, plan.steps

@@ -186,8 +186,8 @@ class ServerSGD(ServerOptimizer):
     ``lr=1, momentum=0`` is plain averaging, FedAvg (McMahan et al., "Communication-Efficient Learning of Deep
     Networks from Decentralized Data", 2017), and :meth:`step` then returns the target without arithmetic. A
     momentum β_s > 0 is FedAvgM (Hsu et al., "Measuring the Effects of Non-Identical Data Distribution for Federated
-    Visual Classification", 2019). The float32 arithmetic is exactly the Federation callback's former server
-    momentum step, and the state key ``"momentum_buffer"`` holds the same tensors.
+    Visual Classification", 2019). The arithmetic is float32; the state key ``"momentum_buffer"`` holds v for each
+    entry.
 
     Args:
         lr: The server learning rate η_s (> 0).
@@ -214,7 +214,7 @@ class ServerSGD(ServerOptimizer):
         return self.lr == 1.0 and self.momentum == 0.0
 
     def _pseudo_gradient(self, w: Tensor, target: Tensor) -> Tensor:
-        """The descent direction w − target (= −Δ), bit for bit the former Federation arithmetic."""
+        """The descent direction w − target (= −Δ), in float32 on w's device."""
         return w.float() - target.to(device=w.device, dtype=torch.float32)
 
     def _update(self, name: str, w: Tensor, delta: Tensor) -> Tensor:
