@@ -1,20 +1,22 @@
 """Running a round's local updates: the one step of a round that an executor owns.
 
-:class:`SequentialClients` runs them in Lightning's training loop, one client after another: it restarts the module
-from the global weights with a fresh optimizer at a client's first training batch, hands the method its
-:class:`~fl_lightning.core.context.ClientContext`, and gives the finished client's weights, upload, loss and state to
-the
-round's :class:`~fl_lightning.core.rounds.RoundState`. Planning, the reduce, the server step and evaluation are not its
-business, so another executor (clients trained together, or real devices) can replace it.
+:class:`ClientExecutor` is what every executor shares: a client's start (the global weights, a fresh optimizer, its
+seed, its :class:`~fl_lightning.core.context.ClientContext`, the teacher and the method's ``on_client_start``) and its
+end (the method's ``on_client_end``, then its weights, upload, loss and state to the round's
+:class:`~fl_lightning.core.rounds.RoundState`). :class:`SequentialClients` runs the clients in Lightning's training
+loop, one after another; :class:`~fl_lightning.batched.BatchedClients` trains a group of them per training batch.
+Planning, the reduce, the server step and evaluation are not an executor's business;
+:func:`~fl_lightning.engines.choose_executor` picks the executor for a fit.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import lightning as L
 import torch
+from torch import Tensor
 
 from fl_lightning.core.context import ClientContext
 from fl_lightning.core.distributed import to_device
@@ -25,8 +27,8 @@ from fl_lightning.data import FederatedDataModule
 from fl_lightning.module import FedAvg, FederatedHooks
 
 
-class SequentialClients:
-    """The round's clients trained one after another by Lightning's training loop.
+class ClientExecutor:
+    """What every executor does for each client: its start and its end; the batch hooks are the executor's own.
 
     Args:
         datamodule: the federated data (set up).
@@ -48,11 +50,104 @@ class SequentialClients:
         self.evaluate_local = evaluate_local
         self.round: RoundState | None = None
         self.payload: dict[str, Any] = {}
-        self.client: ClientContext | None = None
 
     def start_round(self, rnd: RoundState, payload: dict[str, Any]) -> None:
         """Train ``rnd``'s clients next; every client receives the method's ``payload``."""
-        self.round, self.payload, self.client = rnd, payload, None
+        self.round, self.payload = rnd, payload
+
+    def on_batch_start(self, trainer: L.Trainer, module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+        """Before a training batch (``Callback.on_train_batch_start``)."""
+        raise NotImplementedError
+
+    def before_optimizer_step(self, module: L.LightningModule) -> None:
+        """Before Lightning's optimizer step (``Callback.on_before_optimizer_step``); nothing by default."""
+
+    def on_batch_end(self, module: L.LightningModule, outputs: Any, batch_idx: int) -> None:
+        """After a training batch (``Callback.on_train_batch_end``); nothing by default."""
+
+    # ---- a client's start and end ---------------------------------------------------------------------------------
+
+    def reset(self, trainer: L.Trainer, module: L.LightningModule, load: bool = True) -> None:
+        """Back to the round's start: the global weights (unless ``load`` is false) and empty optimizer states."""
+        rnd = self.round
+        assert rnd is not None
+        if load:
+            module.load_state_dict(rnd.global_weights)
+        for opt in trainer.optimizers:
+            opt.state.clear()
+
+    def client_context(self, pos: int, device: torch.device, lr: float) -> ClientContext:
+        """The context of the round's client at position ``pos``, training with learning rate ``lr``."""
+        rnd = self.round
+        assert rnd is not None
+        slot = rnd.slots[pos]
+        client = rnd.plan.clients[slot]
+        return self.dm.client_context(
+            rnd.plan.round,
+            client,
+            steps=rnd.plan.steps[slot],
+            lr=lr,
+            weight=rnd.weights[slot],
+            server=self.payload,
+            state=to_device(self.client_states.get(client), device),
+            global_weights=rnd.global_weights,
+            device=device,
+            generator=torch.Generator().manual_seed(round_seed(self.seed, rnd.plan.round, client, 2)),
+        )
+
+    def start_client(self, module: L.LightningModule, ctx: ClientContext, refresh_teacher: bool = True) -> None:
+        """A client starts on the module's weights: its seed, its context, the teacher and ``on_client_start``.
+
+        ``refresh_teacher``: refresh the teacher when the client needs one (false where the caller refreshed it).
+        """
+        # Seeded per client, so a client's random draws do not depend on which clients ran before it (or where).
+        seed_torch(round_seed(self.seed, ctx.round, ctx.client, 1), module.device)
+        if isinstance(module, FedAvg):
+            module.client = ctx
+        if isinstance(module, FederatedHooks):
+            if refresh_teacher and module.teacher_needed(ctx):
+                module.refresh_teacher()
+            module.on_client_start(ctx)
+
+    def end_client(
+        self,
+        module: L.LightningModule,
+        pos: int,
+        ctx: ClientContext,
+        loss: float | Tensor,
+        weights: Mapping[str, Tensor] | None = None,
+        upload: Mapping[str, Tensor] | None = None,
+    ) -> None:
+        """A client ends: its results go to the round, its state is kept, and ``eval_local`` evaluates it.
+
+        ``weights`` and ``upload`` default to the module's weights and the method's ``on_client_end``; ``module``
+        holds the client's local weights whenever ``eval_local`` evaluates it.
+        """
+        rnd = self.round
+        assert rnd is not None
+        if upload is None:
+            upload = (module.on_client_end(ctx) if isinstance(module, FederatedHooks) else None) or {}
+        if weights is None:
+            weights = module.state_dict()
+        if rnd.add_client(pos, weights, upload, loss, ctx.client, ctx.state):
+            self.client_states.put(ctx.client, ctx.state)
+            if self.evaluate_local is not None:
+                rnd.add_local_eval(pos, self.evaluate_local(module))
+
+
+class SequentialClients(ClientExecutor):
+    """The round's clients trained one after another by Lightning's training loop.
+
+    A client starts at its first training batch and ends after its last; the arguments are :class:`ClientExecutor`'s.
+    """
+
+    #: The client training now (``None`` between clients).
+    client: ClientContext | None = None
+
+    def start_round(self, rnd: RoundState, payload: dict[str, Any]) -> None:
+        """Train ``rnd``'s clients next; every client receives the method's ``payload``."""
+        super().start_round(rnd, payload)
+        self.client = None
 
     def on_batch_start(self, trainer: L.Trainer, module: L.LightningModule, batch: Any, batch_idx: int) -> None:
         """At a client's first batch: the global weights, a fresh optimizer, its seed, context, teacher and hook."""
@@ -61,32 +156,10 @@ class SequentialClients:
         pos = rnd.client_starting(batch_idx)
         if pos is None:
             return
-        slot = rnd.slots[pos]
-        client = rnd.plan.clients[slot]
-        if pos > 0:
-            module.load_state_dict(rnd.global_weights)
-        for opt in trainer.optimizers:
-            opt.state.clear()
-        # Seeded per client, so a client's random draws do not depend on which clients ran before it (or where).
-        seed_torch(round_seed(self.seed, rnd.plan.round, client, 1), module.device)
-        self.client = ctx = self.dm.client_context(
-            rnd.plan.round,
-            client,
-            steps=rnd.plan.steps[slot],
-            lr=trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else 0.0,
-            weight=rnd.weights[slot],
-            server=self.payload,
-            state=to_device(self.client_states.get(client), module.device),
-            global_weights=rnd.global_weights,
-            device=module.device,
-            generator=torch.Generator().manual_seed(round_seed(self.seed, rnd.plan.round, client, 2)),
-        )
-        if isinstance(module, FedAvg):
-            module.client = ctx
-        if isinstance(module, FederatedHooks):
-            if module.teacher_needed(ctx):
-                module.refresh_teacher()
-            module.on_client_start(ctx)
+        self.reset(trainer, module, load=pos > 0)  # the first client starts on the weights the round snapshotted
+        lr = trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else 0.0
+        self.client = ctx = self.client_context(pos, module.device, lr)
+        self.start_client(module, ctx)
 
     def before_optimizer_step(self, module: L.LightningModule) -> None:
         """A module that trains one batch per local step (not a method) gets its ``before_local_step`` here."""
@@ -101,8 +174,4 @@ class SequentialClients:
         pos = rnd.client_ending(batch_idx)
         if pos is None or ctx is None:
             return
-        upload = (module.on_client_end(ctx) if isinstance(module, FederatedHooks) else None) or {}
-        if rnd.add_client(pos, module.state_dict(), upload, rnd.client_loss(), ctx.client, ctx.state):
-            self.client_states.put(ctx.client, ctx.state)
-            if self.evaluate_local is not None:
-                rnd.add_local_eval(pos, self.evaluate_local(module))
+        self.end_client(module, pos, ctx, rnd.client_loss())

@@ -1,12 +1,13 @@
 """The federation callback: one Lightning epoch is one communication round.
 
-A round, in the units of :mod:`fl_lightning.core.rounds`: :func:`~fl_lightning.core.rounds.plan_round` →
-local updates (Lightning's training loop, one client after another, each restarting from the global weights with a
-fresh optimizer) → :meth:`RoundState.reduce <fl_lightning.core.rounds.RoundState.reduce>` → server step (the method's
-``server_update``, then the :mod:`~fl_lightning.core.server_optim` optimizer) →
-:func:`~fl_lightning.core.evaluation.evaluate`.
-This class decides *when* each runs, from Lightning's hooks; what a round measures goes to a
-:class:`~fl_lightning.recorder.RunRecorder`, which owns the run's files and logger output.
+A round, in the core's units: the plan (:meth:`FederatedServer.plan_for
+<fl_lightning.core.server.FederatedServer.plan_for>`) → local updates (an executor of :mod:`fl_lightning.executor`,
+chosen for the fit by :mod:`fl_lightning.engines`) → the server step (:meth:`FederatedServer.server_step
+<fl_lightning.core.server.FederatedServer.server_step>`: the reduce, the method's ``server_update``, the server
+optimizer) → :func:`~fl_lightning.core.evaluation.evaluate`. :class:`Federation` is the
+:class:`~fl_lightning.core.server.FederatedServer` that Lightning's hooks drive: it decides *when* each step runs;
+what a round measures goes to a :class:`~fl_lightning.recorder.RunRecorder`, which owns the run's files and logger
+output and tells when the run diverged.
 """
 
 from __future__ import annotations
@@ -23,32 +24,24 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
 from fl_lightning import rules
-from fl_lightning.batched import (
-    ENGINES,
-    BatchedClients,
-    auto_engine,
-    batch_values,
-    batching_refusal,
-    network_refusal,
-)
 from fl_lightning.core import faults
-from fl_lightning.core.aggregation import aggregation_weights
 from fl_lightning.core.context import ServerContext
 from fl_lightning.core.distributed import rank_and_world, to_device
 from fl_lightning.core.evaluation import Evaluation
-from fl_lightning.core.rounds import RoundPlan, RoundState, num_sampled, plan_round, process_share
-from fl_lightning.core.rundir import RunDirClaim, check_checkpoint_file, check_fresh_run_dir
-from fl_lightning.core.server_optim import ServerOptimizer, ServerSGD
-from fl_lightning.core.state import ClientStateStore
+from fl_lightning.core.rounds import RoundPlan, RoundState, num_sampled, process_share
+from fl_lightning.core.rundir import RunDirClaim, check_checkpoint_file
+from fl_lightning.core.server import FederatedServer, server_optimizer_of, upgrade_state
+from fl_lightning.core.server_optim import ServerOptimizer
 from fl_lightning.data import FederatedDataModule
-from fl_lightning.executor import SequentialClients
+from fl_lightning.engines import ENGINES, choose_executor
+from fl_lightning.executor import ClientExecutor
 from fl_lightning.lightning_internals import set_logged_step
 from fl_lightning.module import FedAvg, FederatedHooks
 from fl_lightning.progress import quiet_lightning, use_round_bars
 from fl_lightning.recorder import RunRecorder, run_info
 
 
-class Federation(Callback):
+class Federation(Callback, FederatedServer):
     """Runs federated training inside one ``Trainer.fit``: each training epoch is one communication round.
 
     Works with any LightningModule: an fl_lightning method (:class:`~fl_lightning.FedAvg` and its subclasses) trains a
@@ -56,7 +49,8 @@ class Federation(Callback):
     with its own ``training_step`` and ``configure_optimizers``, and is federated as FedAvg (mix in
     :class:`~fl_lightning.module.FederatedHooks` to take part in the method hooks). With several processes
     (``devices``/``num_nodes`` with a DDP strategy) each process trains its own share of the round's clients with no
-    gradient synchronisation, and the weighted sums are reduced once per round.
+    gradient synchronisation, and the weighted sums are reduced once per round. Planning, the server's state and its
+    step are those of :class:`~fl_lightning.core.server.FederatedServer`, which needs no Lightning.
 
     Args:
         rounds: communication rounds R (the Trainer's ``max_epochs``).
@@ -76,17 +70,15 @@ class Federation(Callback):
             report their mean accuracy AccL (FedSSD §3.1) and FedKA's class-wise forgetting degree (§3.1).
         client_state_mb: CPU memory for per-client method state (SCAFFOLD's controls, MOON's previous models, ...)
             before further clients' states are kept on disk under ``<run dir>/client_state`` (``None``: no limit).
-        engine: how a round's local updates run: ``sequential`` (one client after another, Lightning's training loop),
-            ``batched`` (the clients of a group take each local step together on a stacked model, see
-            :mod:`fl_lightning.batched`; the same science up to float rounding) or ``auto`` (batched on a GPU; on a
-            CPU batched for small inputs only, see :func:`~fl_lightning.batched.auto_engine`). A method or setting
-            that cannot train batched says why (a warning) and trains sequentially.
+        engine: how a round's local updates run (:mod:`fl_lightning.engines`): ``sequential`` (one client after
+            another, Lightning's training loop), ``batched`` (a group of clients takes each local step together on a
+            stacked model; the same science up to float rounding) or ``auto`` (batched where it is faster). A method
+            or setting that cannot train batched says why (a warning) and trains sequentially.
         group_size: with the batched engine, at most this many clients are stacked at once (memory grows with it;
             ``None``: all of a process's clients of the round).
         collapse_rounds: stop a run as ``diverged`` once its global model has been right on at most one class (it
             predicts one class for everything: chance accuracy, the papers' "Failed") in this many evaluated rounds
             in a row; the divergence round is the first of them (``None``: never; never for a one-class test set).
-            Healthy runs in ``results/`` spend at most 2 rounds in a row so, all in their first rounds.
     """
 
     def __init__(
@@ -108,55 +100,31 @@ class Federation(Callback):
         engine: str = "sequential",
         group_size: int | None = None,
     ) -> None:
-        _require(rounds >= 1, f"rounds must be at least 1, got {rounds}")
-        _require(0 < sample_ratio <= 1, f"sample_ratio must be in (0, 1], got {sample_ratio}")
-        _require(local_epochs >= 1, f"local_epochs must be at least 1, got {local_epochs}")
-        _require(aggregation in ("weighted", "uniform"), f"aggregation must be weighted or uniform, got {aggregation}")
-        _require(0 < lr_decay <= 1, f"lr_decay must be in (0, 1], got {lr_decay}")
-        _require(eval_every >= 1, f"eval_every must be at least 1, got {eval_every}")
-        _require((client_state_mb or 0) >= 0, f"client_state_mb must be >= 0 (or None), got {client_state_mb}")
+        opt = server_optimizer_of(server_optimizer, server_lr, server_momentum)
+        FederatedServer.__init__(
+            self, rounds, sample_ratio, local_epochs, aggregation, lr_decay, eval_every, seed, opt, client_state_mb
+        )
         _require(
             collapse_rounds is None or collapse_rounds >= 1, f"collapse_rounds must be >= 1, got {collapse_rounds}"
         )
         _require(engine in ENGINES, f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
         _require(group_size is None or group_size >= 1, f"group_size must be at least 1 (or None), got {group_size}")
-        if server_optimizer is not None and (server_lr != 1.0 or server_momentum != 0.0):
-            raise ValueError(
-                "give the server step once: either server_optimizer or server_lr/server_momentum "
-                f"(got server_optimizer {type(server_optimizer).__name__} and server_lr {server_lr}, "
-                f"server_momentum {server_momentum}); set the learning rate in server_optimizer's init_args"
-            )
-        self.rounds = rounds
-        self.sample_ratio = sample_ratio
-        self.local_epochs = local_epochs
-        self.aggregation = aggregation
-        self.lr_decay = lr_decay
-        self.eval_every = eval_every
-        self.server_optimizer = server_optimizer or ServerSGD(lr=server_lr, momentum=server_momentum)
-        self.seed = seed
         self.plots = plots
         self.eval_local = eval_local
-        self.client_state_mb = client_state_mb
         self.collapse_rounds = collapse_rounds
         self.engine = engine
         self.group_size = group_size
         #: The engine this fit runs (``engine`` resolved at fit start: ``sequential`` or ``batched``).
         self.engine_used = "sequential"
         self.client_group: int | None = None  # clients per training batch with the batched engine
-        self._engine_note: str | None = None
-        # persistent state (checkpointed)
-        self.server_state: dict[str, Any] = {}
-        self.client_states = ClientStateStore()
+        self._engine_note: str | None = None  # what to say about the engine when training starts
         # per-run objects, built in setup
         self.dm: FederatedDataModule | None = None
         self.recorder: RunRecorder | None = None
         self.client_batches = True  # a whole client per training batch (fl_lightning methods), else one step each
-        self._hooks = False
         self._round: RoundState | None = None
         self._server: ServerContext | None = None
-        self._measured: tuple[dict[str, float], np.ndarray] | None = None  # the round evaluated, to be recorded
-        self.executor: SequentialClients | BatchedClients | None = None
-        self._evaluate_local: Any = None
+        self.executor: ClientExecutor | None = None
         self._pending_state: dict[str, Any] | None = None
         self._claim = RunDirClaim()  # the run directory this fit holds (rank 0)
         self._stage = "fit"  # the Trainer's stage (setup); validate/test/predict leave the run's record alone
@@ -172,21 +140,12 @@ class Federation(Callback):
         """``running``, or how the run ended: ``completed``, ``diverged``, ``interrupted`` or ``failed``."""
         return self.recorder.status if self.recorder is not None else "running"
 
-    # ---- planning (see fl_lightning.core.rounds) ---------------------------------------------------------------------
+    # ---- planning (see fl_lightning.core.server) ---------------------------------------------------------------------
 
     def plan(self, round_idx: int) -> RoundPlan:
         """The clients, local steps and learning-rate scale of round ``round_idx`` (a pure function of the seed)."""
         assert self.dm is not None, "Federation.plan needs setup() first"
-        return plan_round(
-            round_idx,
-            seed=self.seed,
-            client_sizes=self.dm.client_sizes,
-            sample_ratio=self.sample_ratio,
-            batch_size=self.dm.batch_size,
-            local_epochs=self.local_epochs,
-            drop_last=self.dm.drop_last,
-            lr_decay=self.lr_decay,
-        )
+        return self.plan_for(round_idx, self.dm.client_sizes, self.dm.batch_size, self.dm.drop_last)
 
     def local_plan(self, round_idx: int) -> RoundPlan:
         """This process's share of round ``round_idx`` (the whole round in a single process; see ``process_share``)."""
@@ -207,34 +166,21 @@ class Federation(Callback):
             return
         if trainer.is_global_zero:  # one fit at a time in a run directory
             self._claim.acquire(trainer.default_root_dir)
-        dm = rules.check_datamodule(trainer.datamodule)
-        self._hooks = isinstance(pl_module, FederatedHooks)
         self.client_batches = isinstance(pl_module, FedAvg)
-        rules.check_trainer(trainer, pl_module.method_name if self._hooks and pl_module.needs_exact_steps else None)
-        quiet_lightning()
-        # Metrics a method logs reach the loggers through the recorder, on the round axis, not every n local steps.
-        trainer.log_every_n_steps = 2**31
-        dm.setup("fit")
-        faults.point("after-data-line")
-        rules.check_pieces(trainer, pl_module, dm, pl_module.holdout_per_class_required if self._hooks else 0)
-        self.dm = dm
-        trainer.reload_dataloaders_every_n_epochs = 1
+        self.dm = dm = _checked_data(trainer, pl_module)
         run_dir = Path(trainer.default_root_dir)
-        spill = run_dir / "client_state" if self.client_state_mb is not None else None
-        self.client_states = ClientStateStore(self.client_state_mb, spill)
-        self.server_state = {}  # a new fit starts afresh; a checkpoint restores these (load_state_dict)
-        self.server_optimizer.reset()
+        self.start_fit(run_dir / "client_state")  # a new fit starts afresh; a checkpoint restores the state
         info = run_info(
             trainer, pl_module, dm, sample_ratio=self.sample_ratio, local_epochs=self.local_epochs, seed=self.seed
         )
         self.recorder = RunRecorder(run_dir, info, self.plots, self.rounds)
-        self._evaluate_local = (lambda module: self.evaluate(module, trainer, split=False)) if self.eval_local else None
         if self._pending_state is not None:  # a checkpoint restored before setup (Lightning restores after it)
             self.load_state_dict(self._pending_state)
 
     @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Let each process train its clients on its own, and move the server state to the training device."""
+        """Let each process train its clients on its own, move the server state to the device, choose the engine."""
+        assert self.dm is not None and self.recorder is not None
         # DDP would average every local gradient across processes, i.e. mix different clients' steps. Clients train
         # independently; their weights are reduced once per round.
         if trainer.strategy.model is not pl_module:
@@ -245,48 +191,18 @@ class Federation(Callback):
             busy = rules.busy_cpu_note(processes=trainer.num_devices)
             if busy is not None:
                 rank_zero_warn(busy)
-        self._choose_engine(trainer, pl_module)
+        group = self.group_size or num_sampled(self.dm.num_clients, self.sample_ratio)
+        local = (lambda module: self.evaluate(module, trainer, split=False)) if self.eval_local else None
+        choice = choose_executor(
+            self.engine, trainer, pl_module, self.dm, self.client_states, self.seed, group, local, self._fell_back
+        )
+        self.executor, self.engine_used, self.client_group = choice.executor, choice.engine, choice.group_size
+        self.recorder.info["engine"] = choice.engine
+        self._engine_note = choice.note  # said when training starts
+        if choice.warning is not None:
+            rank_zero_warn(choice.warning)
 
-    def _choose_engine(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Resolve ``engine`` for this fit (see :mod:`fl_lightning.batched`) and build its executor."""
-        assert self.dm is not None and self.recorder is not None
-        engine, note = "sequential", None
-        if self.engine != "sequential":
-            refusal = batching_refusal(
-                pl_module,
-                trainer.optimizers,
-                scaler=getattr(trainer.precision_plugin, "scaler", None) is not None,
-                streaming=self.dm.streaming,
-                strategy=trainer.strategy,
-                device=pl_module.device,
-            )
-            sample = None
-            if refusal is None:
-                sample = self.dm.input_sample(pl_module.device)
-                refusal = network_refusal(pl_module, sample)
-            if refusal is not None:
-                note = f"engine {self.engine}: {refusal}; training sequentially"
-                if self.engine == "batched":
-                    rank_zero_warn(note)
-            elif self.engine == "batched":
-                engine = "batched"
-            else:
-                assert sample is not None
-                engine, why = auto_engine(pl_module.device, batch_values(sample, self.dm.batch_size))
-                note = f"engine auto: {engine} ({why})"
-        self.engine_used, self._engine_note = engine, note
-        self.recorder.info["engine"] = engine
-        if engine == "batched":
-            self.client_group = self.group_size or num_sampled(self.dm.num_clients, self.sample_ratio)
-            if note is None:
-                self._engine_note = f"engine batched: up to {self.client_group} clients trained together"
-            self.executor = BatchedClients(self.dm, self.client_states, self.seed, self._evaluate_local)
-            self.executor.on_fallback = self._engine_fell_back
-        else:
-            self.client_group = None
-            self.executor = SequentialClients(self.dm, self.client_states, self.seed, self._evaluate_local)
-
-    def _engine_fell_back(self, reason: str) -> None:
+    def _fell_back(self, reason: str) -> None:
         """The batched engine met a client it cannot stack: from now on its clients train one by one."""
         assert self.recorder is not None
         rank_zero_warn(f"engine {self.engine}: {reason}; training sequentially")
@@ -297,40 +213,26 @@ class Federation(Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Training really starts (any checkpoint was accepted): mark the run as running, draw the partition."""
         assert self.recorder is not None and self.dm is not None
-        if trainer.is_global_zero and trainer.ckpt_path is None:  # a new run: never over a finished one
-            check_fresh_run_dir(trainer.default_root_dir)
-        self.recorder.start(trainer)
-        warned = self.engine == "batched" and self.engine_used == "sequential"  # the refusal was a warning
-        if self._engine_note is not None and not warned:
-            self.recorder.say(trainer, self._engine_note)
+        self.recorder.begin(trainer, self.dm.client_class_counts, trainer.ckpt_path is None, self._engine_note)
         # Lightning logs its own keys (LR monitor, validation, epoch metrics) at this counter: keep it the round.
         set_logged_step(trainer, trainer.current_epoch + 1)
-        if trainer.is_global_zero and not self.recorder.history:
-            self.recorder.write_partition(self.dm.client_class_counts, self._partition_title())
 
-    def _partition_title(self) -> str:
-        assert self.dm is not None
-        return f"{self.dm.dataset}, {self.dm.partition_label}, {self.dm.num_clients} clients"
-
-    # ---- plan ---------------------------------------------------------------------------------------------------
+    # ---- the round starts ---------------------------------------------------------------------------------------
 
     @override
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Plan the round, set its learning rate, run the method's server start and snapshot the global weights."""
-        assert self.dm is not None
+        assert self.dm is not None and self.executor is not None
         plan = self.plan(trainer.current_epoch)
         slots, local = process_share(plan, *rank_and_world())
         lr = rules.set_round_lr(trainer, plan.lr_scale)
-        weights = aggregation_weights([self.dm.client_sizes[c] for c in plan.clients], self.aggregation)
+        weights = self.weights_for(plan, self.dm.client_sizes)
+        keys = frozenset(name for name, p in pl_module.named_parameters() if p.requires_grad)
         server = self.dm.server_context(
-            plan,
-            weights,
-            global_weights={},
-            param_keys=frozenset(name for name, p in pl_module.named_parameters() if p.requires_grad),
-            state=self.server_state,
-            device=pl_module.device,
+            plan, weights, global_weights={}, param_keys=keys, state=self.server_state, device=pl_module.device
         )
-        payload = pl_module.on_round_start(server) if self._hooks else {}
+        hooks = pl_module if isinstance(pl_module, FederatedHooks) else None
+        payload = hooks.on_round_start(server) if hooks is not None else {}
         # Snapshot after the hook, so that whatever it set in the module reaches every client of the round.
         server.global_weights = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
         self._round = RoundState(
@@ -338,7 +240,7 @@ class Federation(Callback):
             slots,
             weights,
             batches_per_client=[1] * len(local.clients) if self.client_batches else local.steps,
-            upload_reduce=pl_module.upload_reduce if self._hooks else None,
+            upload_reduce=hooks.upload_reduce if hooks is not None else None,
             group_size=self.client_group,
             global_weights=server.global_weights,
             lr=lr,
@@ -355,7 +257,8 @@ class Federation(Callback):
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        """A client may start (see :class:`~fl_lightning.executor.SequentialClients`)."""
+        """A client may start (see :class:`~fl_lightning.executor.ClientExecutor`)."""
+        assert self.executor is not None
         self.executor.on_batch_start(trainer, pl_module, batch, batch_idx)
 
     @override
@@ -363,6 +266,7 @@ class Federation(Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
         """Per-step batches of a module with hooks: its ``before_local_step`` runs here."""
+        assert self.executor is not None
         self.executor.before_optimizer_step(pl_module)
 
     @override
@@ -374,6 +278,7 @@ class Federation(Callback):
         The round ends here rather than at the epoch's end so that Lightning's validation, checkpoint and early
         stopping, which follow the last batch, see the new global model and the round's metrics.
         """
+        assert self.executor is not None
         self.executor.on_batch_end(pl_module, outputs, batch_idx)
         if self._round is not None and self._round.is_last_batch(batch_idx):
             self._end_round(trainer, pl_module)
@@ -389,19 +294,12 @@ class Federation(Callback):
         diverged = rnd.gather_divergence()
         if diverged:
             pl_module.load_state_dict(rnd.global_weights)  # keep the last finite global model
-            self.recorder.stop_diverged(trainer, r + 1, diverged[0])
+            self._stop_diverged(trainer, r + 1, diverged[0])
             return
-        average, uploads = rnd.reduce({k: v.dtype for k, v in rnd.global_weights.items()})
-        for client, state in rnd.received_states.items():
-            self.client_states.put(client, state)
-        new_global = pl_module.server_update(server, average, uploads) if self._hooks else average
-        if not self.server_optimizer.is_identity:
-            new_global = self.server_optimizer.step(rnd.global_weights, new_global, server.param_keys)
-        pl_module.load_state_dict(new_global)
-        if (r + 1) % self.eval_every == 0 or r + 1 >= self.rounds:
-            self._evaluate_round(trainer, pl_module, rnd)
-        else:
-            self.recorder.elapsed += time.perf_counter() - rnd.started_at
+        update = pl_module.server_update if isinstance(pl_module, FederatedHooks) else None
+        pl_module.load_state_dict(self.server_step(rnd, server, update))
+        result = self.evaluate(pl_module, trainer) if self.evaluates(r + 1) else None
+        self.recorder.end_round(trainer, rnd, result, self.client_states)
         self._round = None
 
     @override
@@ -414,23 +312,17 @@ class Federation(Callback):
         assert self.recorder is not None and self.dm is not None
         # Lightning logs a round's epoch metrics at this counter minus one, and the next LR monitor reading at it.
         set_logged_step(trainer, trainer.current_epoch + 2)
-        if self._measured is not None:
-            self.recorder.record_round(trainer, *self._measured)
-            self._measured = None
-            self.recorder.check_divergence(trainer, self.collapse_rounds, self.dm.num_test_classes)
+        if self.recorder.record_measured(trainer):
+            diverged = self.recorder.divergence(self.collapse_rounds, self.dm.num_test_classes)
+            if diverged is not None:
+                self._stop_diverged(trainer, *diverged)
         rules.step_lr_schedulers(trainer, pl_module)
 
-    def _evaluate_round(self, trainer: L.Trainer, pl_module: L.LightningModule, rnd: RoundState) -> None:
-        assert self.recorder is not None and self.dm is not None
-        result = self.evaluate(pl_module, trainer)
-        round_seconds = time.perf_counter() - rnd.started_at
-        self.recorder.elapsed += round_seconds
-        measured = rnd.measurements(result, round_seconds)
-        if len(self.client_states):
-            self.recorder.client_state = self.client_states.usage()
-        # Recorded at the epoch's end, after Lightning's validation of this global model, whose metrics join the row.
-        self._measured = (measured, result.class_acc)
-        self.recorder.publish(trainer, measured)
+    def _stop_diverged(self, trainer: L.Trainer, round_number: int, reason: str) -> None:
+        """End the run as ``diverged`` in ``round_number``: its record says so and the Trainer stops."""
+        assert self.recorder is not None
+        self.recorder.finish_diverged(trainer, round_number, reason)
+        trainer.should_stop = True
 
     def evaluate(
         self, pl_module: L.LightningModule, trainer: L.Trainer | None = None, split: bool = True
@@ -461,10 +353,8 @@ class Federation(Callback):
     @override
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """A run restored with every round done (Lightning trains nothing then): complete its record."""
-        record = self.recorder
-        if record is not None and not record.started and record.history and record.history[-1]["round"] >= self.rounds:
-            assert self.dm is not None
-            record.finish_restored(trainer, self.dm.client_class_counts, self._partition_title())
+        if self.recorder is not None and self.dm is not None:
+            self.recorder.finish_restored(trainer, self.dm.client_class_counts)
 
     @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -482,37 +372,37 @@ class Federation(Callback):
     @override
     def state_dict(self) -> dict[str, Any]:
         """Everything a resumed run needs beyond the model weights."""
-        return {
-            "record": self.recorder.state_dict() if self.recorder is not None else None,
-            "server_state": to_device(self.server_state, "cpu"),
-            "client_state": self.client_states.state_dict(),
-            "server_optimizer": self.server_optimizer.state_dict(),
-            "seed": self.seed,
-        }
+        return {"record": self.recorder.state_dict() if self.recorder is not None else None, **self.server_state_dict()}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore the state saved by :meth:`state_dict` (also from checkpoints of earlier versions)."""
         if self._stage != "fit":  # validate/test/predict from a checkpoint: its weights, not the run's record
             return
-        if state_dict.get("seed", self.seed) != self.seed:
-            raise ValueError(f"the checkpoint was made with seed {state_dict['seed']}, this run uses {self.seed}")
+        self.check_seed(state_dict)
         if self.recorder is None:
             self._pending_state = state_dict
             return
         self._pending_state = None
-        if "history" in state_dict:  # checkpoints written before the recorder was its own unit
-            state_dict = {**state_dict, "record": state_dict, "client_state": {}}
+        state_dict = upgrade_state(state_dict)
         if state_dict.get("record") is not None:
             self.recorder.load_state_dict(state_dict["record"])
-        self.server_state = dict(state_dict.get("server_state") or {})
-        self.client_states.load_state_dict(state_dict.get("client_state") or {})
-        if "server_optimizer" in state_dict:
-            self.server_optimizer.load_state_dict(state_dict["server_optimizer"])
-        elif state_dict.get("momentum_buffer"):  # checkpoints written before server optimizers (FedAvgM's buffer)
-            self.server_optimizer.load_state_dict(
-                {"state": {k: {"momentum_buffer": v} for k, v in state_dict["momentum_buffer"].items()}}
-            )
+        self.load_server_state(state_dict)
+
+
+def _checked_data(trainer: L.Trainer, pl_module: L.LightningModule) -> FederatedDataModule:
+    """The fit's datamodule, set up, once the Trainer, the module and the data are checked to work together."""
+    dm = rules.check_datamodule(trainer.datamodule)  # type: ignore[attr-defined]  # assigned by Lightning
+    hooks = pl_module if isinstance(pl_module, FederatedHooks) else None
+    rules.check_trainer(trainer, hooks.method_name if hooks is not None and hooks.needs_exact_steps else None)
+    quiet_lightning()
+    # Metrics a method logs reach the loggers through the recorder, on the round axis, not every n local steps.
+    trainer.log_every_n_steps = 2**31  # type: ignore[attr-defined]  # assigned by Lightning, undeclared
+    dm.setup("fit")
+    faults.point("after-data-line")
+    rules.check_pieces(trainer, pl_module, dm, hooks.holdout_per_class_required if hooks is not None else 0)
+    trainer.reload_dataloaders_every_n_epochs = 1  # type: ignore[attr-defined]  # assigned by Lightning
+    return dm
 
 
 def _require(ok: bool, message: str) -> None:

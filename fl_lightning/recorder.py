@@ -14,6 +14,7 @@ import json
 import os
 import socket
 import subprocess
+import time
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
@@ -27,8 +28,12 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from fl_lightning.core import faults
+from fl_lightning.core.evaluation import Evaluation
 from fl_lightning.core.files import is_disk_full, overwrite_in_place, remove_temporaries, write_text_atomic
 from fl_lightning.core.metrics import forgetting
+from fl_lightning.core.rounds import RoundState
+from fl_lightning.core.rundir import check_fresh_run_dir
+from fl_lightning.core.state import ClientStateStore
 
 #: Final statuses a run can end with; ``running`` is written while it trains.
 STATUSES = ("completed", "diverged", "interrupted", "failed")
@@ -73,6 +78,7 @@ class RunRecorder:
         self.client_state: dict[str, float] | None = None  # ClientStateStore.usage(), for methods that keep one
         self.started = False
         self._written_status: str | None = None  # the status summary.json holds now
+        self._measured: tuple[dict[str, float], np.ndarray] | None = None  # the round evaluated, to be recorded
 
     # ---- state ---------------------------------------------------------------------------------------------------
 
@@ -96,6 +102,19 @@ class RunRecorder:
         self.status = "running"
 
     # ---- recording -------------------------------------------------------------------------------------------------
+
+    def begin(self, trainer: L.Trainer, counts: np.ndarray, new_run: bool, note: str | None = None) -> None:
+        """Training starts: mark the run as running, write its partition (``counts``) and say ``note``.
+
+        A ``new_run`` (no checkpoint) must not start over a finished run in the same directory.
+        """
+        if trainer.is_global_zero and new_run:
+            check_fresh_run_dir(self.run_dir)
+        self.start(trainer)
+        if trainer.is_global_zero and not self.history:
+            self.write_partition(counts)
+        if note is not None:
+            self.say(trainer, note)
 
     def start(self, trainer: L.Trainer) -> None:
         """Mark the run as running (called once training really starts, after any checkpoint was accepted)."""
@@ -138,6 +157,38 @@ class RunRecorder:
         if int(row["round"]) >= self.total_rounds:
             faults.point("after-last-round")
         return row
+
+    def end_round(
+        self,
+        trainer: L.Trainer,
+        rnd: RoundState,
+        result: Evaluation | None,
+        client_states: ClientStateStore | None = None,
+    ) -> None:
+        """A round's server step is done: count its time and, if it was evaluated, publish its measurements.
+
+        ``result``: the new global model's evaluation (``None``: not evaluated this round); ``client_states``: where
+        the clients' states are kept, whose usage the summary reports. The measurements are recorded by
+        :meth:`record_measured`, after Lightning's validation of this global model, whose metrics join the row.
+        """
+        seconds = time.perf_counter() - rnd.started_at
+        self.elapsed += seconds
+        if result is None:
+            return
+        measured = rnd.measurements(result, seconds)
+        if client_states is not None and len(client_states):
+            self.client_state = client_states.usage()
+        self._measured = (measured, result.class_acc)
+        self.publish(trainer, measured)
+
+    def record_measured(self, trainer: L.Trainer) -> bool:
+        """Record the round :meth:`end_round` measured, if any (see :meth:`record_round`); whether there was one."""
+        if self._measured is None:
+            return False
+        measured, class_acc = self._measured
+        self._measured = None
+        self.record_round(trainer, measured, class_acc)
+        return True
 
     def publish(self, trainer: L.Trainer, metrics: Mapping[str, float]) -> None:
         """Make a round's metrics callback metrics, so that ``ModelCheckpoint(monitor=...)`` can watch them.
@@ -185,42 +236,46 @@ class RunRecorder:
         elif status == "failed":
             rank_zero_warn(f"run failed: {error} (results so far in {self.run_dir})")
 
-    def finish_restored(self, trainer: L.Trainer, counts: np.ndarray, title: str) -> None:
+    def finish_restored(self, trainer: L.Trainer, counts: np.ndarray) -> None:
         """Complete a run restored with every round done (Lightning trains nothing then): write what is missing.
 
-        ``counts`` and ``title`` draw the partition when its files are missing. A run that diverged in its last round
-        ends ``diverged`` again; any other ends ``completed``.
+        Nothing happens unless training never started and every round is recorded. ``counts`` (client × class) writes
+        the partition when its files are missing. A run that diverged in its last round ends ``diverged`` again; any
+        other ends ``completed``.
         """
+        if self.started or not self.history or self.history[-1]["round"] < self.total_rounds:
+            return
         status = "diverged" if self.diverged_round is not None else "completed"
         self.say(trainer, f"all {self.total_rounds} rounds are done: writing what is missing, marking the run {status}")
         self.start(trainer)
         if trainer.is_global_zero and not (self.run_dir / "partition.csv").exists():
-            self.write_partition(counts, title)
+            self.write_partition(counts)
         self.finish(trainer, status, self.error if status == "diverged" else None)
 
-    def stop_diverged(self, trainer: L.Trainer, round_number: int, reason: str) -> None:
-        """End the run as ``diverged`` in ``round_number`` and ask the Trainer to stop."""
+    def finish_diverged(self, trainer: L.Trainer, round_number: int, reason: str) -> None:
+        """End the record as ``diverged`` in ``round_number`` (the caller stops the Trainer)."""
         self.diverged_round = round_number
         self.say(trainer, f"round {round_number}: diverged ({reason}); stopping")
         self.finish(trainer, "diverged", reason)
-        trainer.should_stop = True
 
-    def check_divergence(self, trainer: L.Trainer, collapse_rounds: int | None, num_test_classes: int) -> None:
-        """After a recorded round: stop as ``diverged`` on a non-finite test loss, or a collapse to one class.
+    def divergence(self, collapse_rounds: int | None, num_test_classes: int) -> tuple[int, str] | None:
+        """Whether the last recorded round shows the run diverged: ``(divergence round, reason)``, else ``None``.
 
-        A collapse (the global model right on at most one class for ``collapse_rounds`` evaluated rounds in a row,
-        the papers' "Failed") diverged in its first round; never with fewer than two test classes.
+        Diverged: a non-finite test loss, or a collapse (the global model right on at most one class for
+        ``collapse_rounds`` evaluated rounds in a row, the papers' "Failed"), which diverged in its first round;
+        never a collapse with fewer than two test classes.
         """
         row = self.history[-1]
         collapsed = self.collapsed_since(collapse_rounds) if num_test_classes >= 2 else None
         if not np.isfinite(row["global_loss"]):
-            self.stop_diverged(trainer, int(row["round"]), "the global model's test loss is not finite")
-        elif collapsed is not None:
+            return int(row["round"]), "the global model's test loss is not finite"
+        if collapsed is not None:
             reason = (
                 f"the global model has been right on at most one class (accuracy {row['global_acc']:.2%}) "
                 f"in {collapse_rounds} evaluated rounds in a row"
             )
-            self.stop_diverged(trainer, collapsed, reason)
+            return collapsed, reason
+        return None
 
     def end(self, trainer: L.Trainer, total_rounds: int) -> None:
         """At the end of fit: ``completed``, or ``interrupted`` when the run ended short on its own.
@@ -305,8 +360,8 @@ class RunRecorder:
         else:
             rank_zero_info(message)
 
-    def write_partition(self, counts: np.ndarray, title: str) -> None:
-        """``partition.csv`` (client × class counts) and its heatmap."""
+    def write_partition(self, counts: np.ndarray) -> None:
+        """``partition.csv`` (client × class counts) and its heatmap, titled with the dataset, partition and clients."""
         buf = io.StringIO()
         writer = csv.writer(buf)
         writer.writerow(["client", "total", *[f"class_{c}" for c in range(counts.shape[1])]])
@@ -317,6 +372,8 @@ class RunRecorder:
         if self.plots:
             from fl_lightning.core.plots import plot_partition
 
+            info = self.info
+            title = f"{info.get('dataset')}, {info.get('partition')}, {info.get('num_clients')} clients"
             plot_partition(counts, self.run_dir / "partition.png", title)
 
     # ---- files and loggers ---------------------------------------------------------------------------------------
@@ -387,9 +444,9 @@ class RunRecorder:
         """Final summary and figures to loggers that take them (W&B)."""
         summary = self.summary()
         for logger in trainer.loggers:
-            experiment = getattr(logger, "experiment", None)
-            if hasattr(experiment, "summary") and hasattr(experiment.summary, "update"):
-                experiment.summary.update({k: v for k, v in summary.items() if v is not None})
+            run_summary: Any = getattr(getattr(logger, "experiment", None), "summary", None)
+            if hasattr(run_summary, "update"):
+                run_summary.update({k: v for k, v in summary.items() if v is not None})
             if hasattr(logger, "log_image"):
                 for name in ("curve", "partition"):
                     path = self.run_dir / f"{name}.png"
@@ -412,9 +469,9 @@ def monitorable(row: Mapping[str, float]) -> dict[str, Any]:
     """
     out: dict[str, Any] = {}
     for key, value in row.items():
-        value = torch.tensor(float(value))
-        out[key] = value
-        out[_LOGGER_KEYS.get(key, f"global_class/acc_{key[10:]}" if key.startswith("acc_class_") else key)] = value
+        tensor = torch.tensor(float(value))
+        out[key] = tensor
+        out[_LOGGER_KEYS.get(key, f"global_class/acc_{key[10:]}" if key.startswith("acc_class_") else key)] = tensor
     return out
 
 

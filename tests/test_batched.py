@@ -27,11 +27,14 @@ from helpers import bare_trainer, read_metrics, read_summary, tiny_run
 from torch import Tensor, nn
 
 import fl_lightning.batched as batched_engine
+import fl_lightning.stacked as stacked_engine
 from fl_lightning import FedAdam, FedAvg, FederatedDataModule, Federation
-from fl_lightning.batched import SGDSettings, StackedClient, auto_engine, pads_short_batches, train_stacked
 from fl_lightning.core import losses
+from fl_lightning.core.stacked_sgd import SGDSettings
+from fl_lightning.engines import auto_engine
 from fl_lightning.methods import METHODS, SCAFFOLD, FedKA
 from fl_lightning.module import frozen_forward
+from fl_lightning.stacked import StackedClient, pads_short_batches, train_stacked
 
 #: Methods whose second round reads per-client state left by the first (run for 2 rounds).
 STATEFUL = {"moon", "feddyn", "scaffold", "fedcurv"}
@@ -679,7 +682,7 @@ def test_which_losses_pad_short_batches() -> None:
 def test_short_batches_padded_into_the_steps_call(pad: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """Full, short and finished clients: one stacked call per step, each client's SGD on its own samples only."""
     calls: list[int] = []
-    weighted = batched_engine._sample_weighted
+    weighted = stacked_engine._sample_weighted
 
     def counted(loss: Any) -> Any:
         inner = weighted(loss)
@@ -690,7 +693,7 @@ def test_short_batches_padded_into_the_steps_call(pad: bool, monkeypatch: pytest
 
         return call
 
-    monkeypatch.setattr(batched_engine, "_sample_weighted", counted)
+    monkeypatch.setattr(stacked_engine, "_sample_weighted", counted)
     torch.manual_seed(0)
     net = nn.Sequential(nn.Flatten(), nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 3)).double()
     module = FedAvg(net=net, num_classes=3)
@@ -771,8 +774,8 @@ def test_gpu_auto_is_batched_and_matches_sequential(tmp_path: Path) -> None:
 def test_short_batches_are_not_padded_under_autocast(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Padding nests a per-sample vmap, which CUDA autocast mis-casts: under autocast short batches run apart."""
     built = []
-    real = batched_engine._sample_weighted
-    monkeypatch.setattr(batched_engine, "_sample_weighted", lambda loss: built.append(loss) or real(loss))
+    real = stacked_engine._sample_weighted
+    monkeypatch.setattr(stacked_engine, "_sample_weighted", lambda loss: built.append(loss) or real(loss))
     run(tmp_path, "batched")  # float32: digits' short last batches join the stacked call
     assert built
     built.clear()

@@ -1,0 +1,197 @@
+"""The server of a simulated federation, without Lightning: it plans the rounds, keeps its state and steps.
+
+:class:`FederatedServer` holds the settings that plan a run's rounds (checked) and what the server keeps between
+rounds (the method's server state, each client's persistent state, the server optimizer), and takes the server step
+after each round's clients: the reduce, the clients' new states, the method's server update, then the server
+optimizer (:mod:`~fl_lightning.core.server_optim`). The :class:`~fl_lightning.Federation` callback is one, driven by
+Lightning's hooks. :func:`upgrade_state` reads the callback's checkpoint state as earlier versions wrote it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from fl_lightning.core.aggregation import aggregation_weights
+from fl_lightning.core.context import ServerContext
+from fl_lightning.core.distributed import to_device
+from fl_lightning.core.rounds import RoundPlan, RoundState, plan_round
+from fl_lightning.core.server_optim import ServerOptimizer, ServerSGD
+from fl_lightning.core.state import ClientStateStore
+
+#: A method's server update: the new global weights from the server context, the clients' average and uploads.
+MethodUpdate = Callable[[ServerContext, dict[str, Tensor], dict[str, Tensor]], dict[str, Tensor]]
+
+
+class FederatedServer:
+    """The settings that plan a run's rounds, the state the server keeps between rounds, and its step.
+
+    Out-of-range settings raise ``ValueError`` naming the first of them.
+
+    Args:
+        rounds: communication rounds R.
+        sample_ratio: fraction of clients sampled per round, ``round(ratio·N)`` (at least 1), in (0, 1].
+        local_epochs: local epochs E each sampled client trains per round.
+        aggregation: ``weighted`` (by client sample counts, FedAvg) or ``uniform`` (plain mean).
+        lr_decay: the learning rate of round r is ``lr_0 · lr_decay^r``.
+        eval_every: evaluate the global model every this many rounds (and always after the last one).
+        seed: seed of client sampling (and of the clients' local shuffling and augmentation).
+        server_optimizer: the server step applied to the method's new global weights (default: plain averaging).
+        client_state_mb: CPU memory for the clients' persistent states before further ones are kept on disk
+            (``None``: no limit).
+
+    >>> server = FederatedServer(rounds=4, sample_ratio=0.5, eval_every=3)
+    >>> server.plan_for(0, client_sizes=[40, 10, 30, 20], batch_size=10).clients
+    (0, 3)
+    >>> [r for r in range(1, 5) if server.evaluates(r)]
+    [3, 4]
+    >>> FederatedServer(sample_ratio=0.0)
+    Traceback (most recent call last):
+    ...
+    ValueError: sample_ratio must be in (0, 1], got 0.0
+    """
+
+    def __init__(
+        self,
+        rounds: int = 20,
+        sample_ratio: float = 1.0,
+        local_epochs: int = 1,
+        aggregation: str = "weighted",
+        lr_decay: float = 1.0,
+        eval_every: int = 1,
+        seed: int = 0,
+        server_optimizer: ServerOptimizer | None = None,
+        client_state_mb: float | None = None,
+    ) -> None:
+        _require(rounds >= 1, f"rounds must be at least 1, got {rounds}")
+        _require(0 < sample_ratio <= 1, f"sample_ratio must be in (0, 1], got {sample_ratio}")
+        _require(local_epochs >= 1, f"local_epochs must be at least 1, got {local_epochs}")
+        _require(aggregation in ("weighted", "uniform"), f"aggregation must be weighted or uniform, got {aggregation}")
+        _require(0 < lr_decay <= 1, f"lr_decay must be in (0, 1], got {lr_decay}")
+        _require(eval_every >= 1, f"eval_every must be at least 1, got {eval_every}")
+        _require((client_state_mb or 0) >= 0, f"client_state_mb must be >= 0 (or None), got {client_state_mb}")
+        self.rounds = rounds
+        self.sample_ratio = sample_ratio
+        self.local_epochs = local_epochs
+        self.aggregation = aggregation
+        self.lr_decay = lr_decay
+        self.eval_every = eval_every
+        self.seed = seed
+        self.server_optimizer = server_optimizer or ServerSGD()
+        self.client_state_mb = client_state_mb
+        #: The method's persistent server state (checkpointed).
+        self.server_state: dict[str, Any] = {}
+        #: Each client's persistent method state (checkpointed).
+        self.client_states = ClientStateStore()
+
+    # ---- planning -----------------------------------------------------------------------------------------------
+
+    def plan_for(
+        self, round_idx: int, client_sizes: Sequence[int], batch_size: int, drop_last: bool = False
+    ) -> RoundPlan:
+        """Round ``round_idx``'s plan (:func:`~fl_lightning.core.rounds.plan_round`) for clients of these sizes."""
+        return plan_round(
+            round_idx,
+            seed=self.seed,
+            client_sizes=client_sizes,
+            sample_ratio=self.sample_ratio,
+            batch_size=batch_size,
+            local_epochs=self.local_epochs,
+            drop_last=drop_last,
+            lr_decay=self.lr_decay,
+        )
+
+    def weights_for(self, plan: RoundPlan, client_sizes: Sequence[int]) -> list[float]:
+        """``plan``'s clients' weights (:func:`~fl_lightning.core.aggregation.aggregation_weights`) from their sizes."""
+        return aggregation_weights([client_sizes[c] for c in plan.clients], self.aggregation)
+
+    def evaluates(self, round_number: int) -> bool:
+        """Whether the global model is evaluated after round ``round_number`` (counted from 1)."""
+        return round_number % self.eval_every == 0 or round_number >= self.rounds
+
+    # ---- the server's state and step ------------------------------------------------------------------------------
+
+    def start_fit(self, spill_dir: Path) -> None:
+        """Start from no state (a checkpoint restores it); with ``client_state_mb``, spill clients' states here."""
+        spill = spill_dir if self.client_state_mb is not None else None
+        self.client_states = ClientStateStore(self.client_state_mb, spill)
+        self.server_state = {}
+        self.server_optimizer.reset()
+
+    def server_step(
+        self, rnd: RoundState, server: ServerContext, method_update: MethodUpdate | None = None
+    ) -> dict[str, Tensor]:
+        """The new global weights after round ``rnd``'s clients; their new states are kept.
+
+        The clients' weighted average and reduced uploads (:meth:`RoundState.reduce
+        <fl_lightning.core.rounds.RoundState.reduce>`), then the method's ``method_update`` (``None``: the average),
+        then the server optimizer's step from the round's global weights towards that target.
+        """
+        average, uploads = rnd.reduce({k: v.dtype for k, v in rnd.global_weights.items()})
+        for client, state in rnd.received_states.items():
+            self.client_states.put(client, state)
+        new_global = method_update(server, average, uploads) if method_update is not None else average
+        if not self.server_optimizer.is_identity:
+            new_global = self.server_optimizer.step(rnd.global_weights, new_global, server.param_keys)
+        return new_global
+
+    def server_state_dict(self) -> dict[str, Any]:
+        """The server's state for a checkpoint (tensors on the CPU), with the seed it was made with."""
+        return {
+            "server_state": to_device(self.server_state, "cpu"),
+            "client_state": self.client_states.state_dict(),
+            "server_optimizer": self.server_optimizer.state_dict(),
+            "seed": self.seed,
+        }
+
+    def check_seed(self, state: Mapping[str, Any]) -> None:
+        """Refuse a checkpoint state made with another seed (its rounds would not be this run's)."""
+        if state.get("seed", self.seed) != self.seed:
+            raise ValueError(f"the checkpoint was made with seed {state['seed']}, this run uses {self.seed}")
+
+    def load_server_state(self, state: Mapping[str, Any]) -> None:
+        """Restore the state :meth:`server_state_dict` saved (in the current form: see :func:`upgrade_state`)."""
+        self.server_state = dict(state.get("server_state") or {})
+        self.client_states.load_state_dict(state.get("client_state") or {})
+        if "server_optimizer" in state:
+            self.server_optimizer.load_state_dict(state["server_optimizer"])
+
+
+def server_optimizer_of(optimizer: ServerOptimizer | None, lr: float, momentum: float) -> ServerOptimizer:
+    """The server step: ``optimizer``, or ``ServerSGD(lr, momentum)`` when it is ``None`` (give one of the two).
+
+    >>> server_optimizer_of(None, 1.0, 0.0).is_identity
+    True
+    """
+    if optimizer is not None and (lr != 1.0 or momentum != 0.0):
+        raise ValueError(
+            "give the server step once: either server_optimizer or server_lr/server_momentum "
+            f"(got server_optimizer {type(optimizer).__name__} and server_lr {lr}, "
+            f"server_momentum {momentum}); set the learning rate in server_optimizer's init_args"
+        )
+    return optimizer or ServerSGD(lr=lr, momentum=momentum)
+
+
+def upgrade_state(state: Mapping[str, Any]) -> dict[str, Any]:
+    """The callback's checkpoint state in the current form, from the state of any version.
+
+    Checkpoints written before the run's record was its own entry hold the record's keys at the top level (and no
+    client states); checkpoints written before server optimizers hold FedAvgM's buffer as ``momentum_buffer``.
+
+    >>> sorted(upgrade_state({"history": [], "momentum_buffer": {"w": 0}}))
+    ['client_state', 'history', 'momentum_buffer', 'record', 'server_optimizer']
+    """
+    out = dict(state)
+    if "history" in out:
+        out = {**out, "record": dict(state), "client_state": {}}
+    if "server_optimizer" not in out and out.get("momentum_buffer"):
+        out["server_optimizer"] = {"state": {k: {"momentum_buffer": v} for k, v in out["momentum_buffer"].items()}}
+    return out
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)

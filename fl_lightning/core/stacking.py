@@ -1,0 +1,182 @@
+"""A model's tensors and its per-client attributes stacked along a new first (client) axis.
+
+The batched engine (:mod:`fl_lightning.batched`) trains K clients as one model: :func:`stacked_state` holds K copies
+of every parameter and buffer, :class:`StackedResult` hands each client's own back as a state dict. What a method
+computes per client (its ``client_attributes``) is a tree of tensors and other values; :func:`stack_attributes`
+stacks the tensor leaves of clients whose trees have one :func:`attribute_structure`, and :func:`bind_leaves` with
+:func:`bound_attributes` give the module one client's slice while its loss runs. :class:`ClientRNG` keeps one
+client's random stream while the others draw theirs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+# ---- stacked tensors -------------------------------------------------------------------------------------------------
+
+
+def stacked_state(module: nn.Module, k: int) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """``k`` copies of the module's trainable parameters and of its other tensors, stacked along a new first axis."""
+    params: dict[str, Tensor] = {}
+    buffers: dict[str, Tensor] = {}
+    for name, p in module.named_parameters():
+        target = params if p.requires_grad else buffers
+        target[name] = p.detach().unsqueeze(0).repeat(k, *([1] * p.dim()))
+    for name, b in module.named_buffers():
+        buffers[name] = b.detach().unsqueeze(0).repeat(k, *([1] * b.dim()))
+    for stacked in params.values():
+        stacked.requires_grad_(True)
+    return params, buffers
+
+
+@dataclass
+class StackedResult:
+    """What :func:`~fl_lightning.stacked.train_stacked` returns: each client's final parameters, buffers, mean loss."""
+
+    params: dict[str, Tensor]
+    buffers: dict[str, Tensor]
+    losses: list[float]
+    #: State-dict names of shared (tied) tensors → the name they are stacked under.
+    aliases: dict[str, str] = field(default_factory=dict)
+
+    def client_state(self, k: int, template: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """Client ``k``'s state dict (``template``: the module's state dict, for order, dtypes and other entries)."""
+        out = {}
+        for name, value in template.items():
+            name_ = self.aliases.get(name, name)
+            stacked = self.params.get(name_, self.buffers.get(name_))
+            out[name] = value if stacked is None else stacked[k].detach().to(value.dtype)
+        return out
+
+
+def tensor_aliases(module: nn.Module) -> dict[str, str]:
+    """Every name of a parameter or buffer that ``module`` holds under several names → its first name."""
+    first: dict[int, str] = {}
+    aliases = {}
+    for name, t in [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]:
+        if id(t) in first:
+            aliases[name] = first[id(t)]
+        else:
+            first[id(t)] = name
+    return aliases
+
+
+# ---- per-client attributes -------------------------------------------------------------------------------------------
+
+
+def _leaves(tree: Any) -> list[Any]:
+    if isinstance(tree, Mapping):
+        return [leaf for key in sorted(tree) for leaf in _leaves(tree[key])]
+    if isinstance(tree, list | tuple):
+        return [leaf for item in tree for leaf in _leaves(item)]
+    return [tree]
+
+
+def attribute_structure(tree: Any) -> Any:
+    """The tree's shape: containers, tensor shapes and dtypes, and the values of other leaves."""
+    if isinstance(tree, Mapping):
+        return ("dict", tuple((key, attribute_structure(tree[key])) for key in sorted(tree)))
+    if isinstance(tree, list | tuple):
+        return (type(tree).__name__, tuple(attribute_structure(item) for item in tree))
+    if isinstance(tree, Tensor):
+        return ("tensor", tuple(tree.shape), tree.dtype, tree.device)
+    return ("value", tree if _hashable(tree) else id(tree))
+
+
+def _hashable(value: Any) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
+def stack_attributes(per_client: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], list[Tensor]]:
+    """The clients' attributes (same structure) as one template and their tensor leaves, stacked leaf by leaf.
+
+    The template is the first client's attributes: its non-tensor leaves are every client's (equal, by structure);
+    its tensors are replaced by each client's slice when bound (:func:`bind_leaves`).
+    """
+    columns = [_leaves(attrs) for attrs in per_client]
+    stacked = [
+        torch.stack([col[i] for col in columns]) for i, leaf in enumerate(columns[0]) if isinstance(leaf, Tensor)
+    ]
+    return dict(per_client[0]), stacked
+
+
+def bind_leaves(template: Mapping[str, Any], tensors: Sequence[Tensor]) -> dict[str, Any]:
+    """``template`` with its tensor leaves replaced, in :func:`_leaves` order, by ``tensors``."""
+    return _replace(dict(template), iter(tensors))
+
+
+def _replace(tree: Any, supply: Iterator[Tensor]) -> Any:
+    if isinstance(tree, Mapping):
+        built = {key: _replace(tree[key], supply) for key in sorted(tree)}
+        return {key: built[key] for key in tree}
+    if isinstance(tree, list | tuple):
+        return type(tree)(_replace(item, supply) for item in tree)
+    return next(supply) if isinstance(tree, Tensor) else tree
+
+
+@contextlib.contextmanager
+def bound_attributes(module: nn.Module, attributes: Mapping[str, Any]) -> Iterator[None]:
+    """Set ``module``'s attributes for the duration of the block, then put the previous values back."""
+    missing = object()
+    saved = {name: module.__dict__.get(name, missing) for name in attributes}
+    try:
+        for name, value in attributes.items():
+            module.__dict__[name] = value
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is missing:
+                module.__dict__.pop(name, None)
+            else:
+                module.__dict__[name] = value
+
+
+# ---- what tells a change to a module, one client's random stream -----------------------------------------------------
+
+
+def overrides(obj: object, name: str, base: type) -> bool:
+    """Whether ``type(obj)`` replaces ``base``'s attribute ``name`` (a hook or a method) with its own."""
+    return getattr(type(obj), name) is not getattr(base, name)
+
+
+def tensor_versions(module: nn.Module) -> list[tuple[str, int, int]]:
+    """Each parameter's and buffer's name, storage and in-place version counter: what tells a change to them."""
+    return [(n, t.data_ptr(), t._version) for n, t in module.state_dict(keep_vars=True).items()]
+
+
+def attribute_ids(module: nn.Module) -> dict[str, int]:
+    """The identities of the module's plain attributes (not parameters, buffers or submodules)."""
+    return {k: id(v) for k, v in module.__dict__.items() if not k.startswith("_trainer") and k != "_hparams"}
+
+
+class ClientRNG:
+    """One client's random stream for its training batches (augmentation), kept while other clients draw theirs."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.device = device
+        self.cpu_state = torch.get_rng_state()
+        self.cuda_state = torch.cuda.get_rng_state(device) if self.cuda else None
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        """Draw from this client's stream inside the block."""
+        torch.set_rng_state(self.cpu_state)
+        if self.cuda_state is not None:
+            torch.cuda.set_rng_state(self.cuda_state, self.device)
+        try:
+            yield
+        finally:
+            self.cpu_state = torch.get_rng_state()
+            if self.cuda:
+                self.cuda_state = torch.cuda.get_rng_state(self.device)

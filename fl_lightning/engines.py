@@ -1,0 +1,189 @@
+"""Which executor runs a fit's local updates: the engines, what keeps a method off the batched one, ``auto``'s rule.
+
+:func:`choose_executor` resolves the :class:`~fl_lightning.Federation`'s ``engine`` once per fit: ``sequential``
+(:class:`~fl_lightning.executor.SequentialClients`), ``batched`` (:class:`~fl_lightning.batched.BatchedClients`)
+unless :func:`batching_refusal` or :func:`network_refusal` says why the method or setting cannot train stacked, or
+``auto`` (batched where :func:`auto_engine` expects it to be faster).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
+from torch import Tensor, nn
+from torch.func import functional_call, vmap
+
+from fl_lightning.batched import BatchedClients
+from fl_lightning.core.evaluation import Evaluation
+from fl_lightning.core.stacking import overrides, stacked_state
+from fl_lightning.core.state import ClientStateStore
+from fl_lightning.data import FederatedDataModule
+from fl_lightning.executor import ClientExecutor, SequentialClients
+from fl_lightning.module import FedAvg
+
+#: The engines a :class:`~fl_lightning.Federation` can run a round's local updates with.
+ENGINES = ("sequential", "batched", "auto")
+#: ``auto`` on a CPU: batched when a local batch holds at most this many input values (see :func:`auto_engine`).
+AUTO_CPU_BATCH_VALUES = 8192
+
+
+@dataclass
+class EngineChoice:
+    """The executor a fit runs its local updates with, and what to say about the choice."""
+
+    executor: ClientExecutor
+    #: ``sequential`` or ``batched``.
+    engine: str
+    #: Clients per training batch with the batched engine (``None``: sequential).
+    group_size: int | None
+    #: One line for the run's output about the choice (``None``: nothing to say).
+    note: str | None
+    #: Why the method or setting cannot train batched, when batched or auto was asked for (``None``: it can).
+    refusal: str | None = None
+    #: The refusal as a warning, where ``batched`` was asked for (then there is no ``note``).
+    warning: str | None = None
+
+
+def choose_executor(
+    requested: str,
+    trainer: L.Trainer,
+    module: L.LightningModule,
+    datamodule: FederatedDataModule,
+    client_states: ClientStateStore,
+    seed: int,
+    group_size: int,
+    evaluate_local: Callable[[L.LightningModule], Evaluation] | None = None,
+    on_fallback: Callable[[str], None] | None = None,
+) -> EngineChoice:
+    """The executor for the ``requested`` engine (one of :data:`ENGINES`) with this Trainer, module and data.
+
+    A refused method or setting trains sequentially, with the reason in :attr:`EngineChoice.refusal` (a warning
+    where ``batched`` was asked for, a note where ``auto`` was).
+
+    Args:
+        requested: ``sequential``, ``batched`` or ``auto``.
+        trainer: the Trainer of the fit (its optimizers configured).
+        module: the LightningModule being federated.
+        datamodule: the federated data (set up).
+        client_states: where each client's persistent method state lives between rounds.
+        seed: the federation's seed.
+        group_size: with the batched engine, clients trained together at most.
+        evaluate_local: evaluates a client's local weights, for ``eval_local``; ``None`` to skip.
+        on_fallback: told why, when the batched executor meets a group it cannot stack and trains sequentially.
+    """
+    engine, note, refusal = "sequential", None, None
+    if requested != "sequential":
+        refusal = batching_refusal(
+            module,
+            trainer.optimizers,
+            scaler=getattr(trainer.precision_plugin, "scaler", None) is not None,
+            streaming=datamodule.streaming,
+            strategy=trainer.strategy,
+            device=module.device,
+        )
+        sample = None
+        if refusal is None:
+            sample = datamodule.input_sample(module.device)
+            refusal = network_refusal(module, sample)
+        if refusal is not None:
+            note = f"engine {requested}: {refusal}; training sequentially"
+        elif requested == "batched":
+            engine = "batched"
+        else:
+            assert sample is not None
+            engine, why = auto_engine(module.device, batch_values(sample, datamodule.batch_size))
+            note = f"engine auto: {engine} ({why})"
+    if engine == "batched":
+        batched = BatchedClients(datamodule, client_states, seed, evaluate_local)
+        batched.on_fallback = on_fallback
+        note = note or f"engine batched: up to {group_size} clients trained together"
+        return EngineChoice(batched, "batched", group_size, note)
+    sequential = SequentialClients(datamodule, client_states, seed, evaluate_local)
+    if refusal is not None and requested == "batched":
+        return EngineChoice(sequential, "sequential", None, None, refusal, warning=note)
+    return EngineChoice(sequential, "sequential", None, note, refusal)
+
+
+def batching_refusal(
+    module: L.LightningModule, optimizers: Sequence[torch.optim.Optimizer] = (), **facts: Any
+) -> str | None:
+    """Why ``module`` cannot train batched (``None``: it can). One short clause, for "trains sequentially: ...".
+
+    ``facts``: ``scaler`` (a gradient scaler is in use), ``streaming`` (the data is read from disk per round),
+    ``strategy`` (the Trainer's: one device or DDP), ``device`` (CPU or CUDA).
+    """
+    name = type(module).__name__
+    if not isinstance(module, FedAvg):
+        return f"{name} is not an fl_lightning method (a plain LightningModule trains one batch per step)"
+    if not getattr(module, "batchable", True):
+        return f"{name} declares batchable = False"
+    for hook in ("training_step", "local_step", "before_local_step"):
+        if overrides(module, hook, FedAvg):
+            return f"{name} overrides {hook} (the batched engine calls client_loss and local_gradient only)"
+    if module.hparams.get("step_hooks", False):
+        return "step_hooks=True runs every local step through Lightning's hooks"
+    if facts.get("scaler"):
+        return "fp16 mixed precision needs a gradient scaler per client (bf16-mixed trains batched)"
+    if facts.get("streaming"):
+        return "the data is streamed from disk (in_memory=False) one client at a time"
+    strategy = facts.get("strategy")
+    if strategy is not None and not isinstance(strategy, SingleDeviceStrategy | DDPStrategy):
+        return f"the {type(strategy).__name__} strategy shards or wraps the model (one device or DDP train batched)"
+    device = facts.get("device")
+    if device is not None and torch.device(device).type not in ("cpu", "cuda"):
+        return f"it runs on {torch.device(device).type} (the batched engine keeps clients' random streams on CPU/CUDA)"
+    if len(optimizers) != 1 or type(optimizers[0]) is not torch.optim.SGD:
+        kinds = ", ".join(type(o).__name__ for o in optimizers) or "none"
+        return f"its optimizer is {kinds}; the batched engine runs torch.optim.SGD"
+    groups = optimizers[0].param_groups
+    trainable = {id(p) for p in module.parameters() if p.requires_grad}
+    if len(groups) != 1 or {id(p) for p in groups[0]["params"]} != trainable:
+        return "its SGD has several parameter groups, or does not train every trainable parameter"
+    return None
+
+
+def network_refusal(module: nn.Module, sample: Tensor) -> str | None:
+    """Why the module's network cannot run stacked under ``vmap`` on inputs like ``sample`` (``None``: it can)."""
+    params, buffers = stacked_state(module, 2)
+    was_training = module.training
+    module.train()
+    try:
+        with torch.no_grad():
+            vmap(lambda p, b, x: functional_call(module, {**p, **b}, (x,)), randomness="error")(
+                params, buffers, sample.expand(2, 2, *sample.shape)
+            )
+    except Exception as err:  # noqa: BLE001 - any failure means: train it sequentially, and say why
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return f"its network cannot run under torch.func.vmap ({first[:160]})"
+    finally:
+        module.train(was_training)
+    return None
+
+
+def auto_engine(device: torch.device, batch_values: int) -> tuple[str, str]:
+    """``auto``'s choice for a method that can train batched: the engine and why.
+
+    ``batch_values``: the input values of one local batch (batch size × values per sample). On a GPU a small network's
+    step is bound by kernel launches, which stacking divides by the group size: batched. On a CPU the arithmetic
+    decides: batches of at most :data:`AUTO_CPU_BATCH_VALUES` input values (the 8×8 quickstart, the tabular MLP)
+    train faster batched; the papers' 28×28 and 32×32 images do not, as ``vmap``'s grouped convolutions are
+    compute-bound (``bench/bench_engines.py`` measures both engines; its figures are in the README).
+    """
+    if device.type == "cuda":
+        return "batched", "on a GPU, stacking clients divides the kernel launches of each local step"
+    if batch_values <= AUTO_CPU_BATCH_VALUES:
+        return "batched", f"a local batch holds {batch_values:,} input values, small enough to train faster stacked"
+    return (
+        "sequential",
+        f"a local batch holds {batch_values:,} input values: the CPU is compute-bound, stacking is slower",
+    )
+
+
+def batch_values(sample: Tensor, batch_size: int) -> int:
+    """Input values in one local batch of ``batch_size`` samples shaped like ``sample``."""
+    return sample.numel() * batch_size
