@@ -41,6 +41,7 @@ from fl_lightning.core.stacking import (
 from fl_lightning.core.state import ClientStateStore
 from fl_lightning.data import FederatedDataModule
 from fl_lightning.executor import ClientExecutor
+from fl_lightning.lightning_internals import count_optimizer_steps
 from fl_lightning.module import FedAvg, FederatedHooks
 from fl_lightning.stacked import StackedClient, train_stacked
 
@@ -231,6 +232,4 @@ class BatchedClients(ClientExecutor):
 
 def _count_steps(opt: Any, n: int) -> None:
     """Lightning's step bookkeeping (``global_step``), once per client step, as the sequential engine keeps it."""
-    for _ in range(n):
-        opt._on_before_step()
-        opt._on_after_step()
+    count_optimizer_steps(opt, n)

@@ -12,7 +12,15 @@ import lightning as L
 from lightning.pytorch.callbacks.progress.rich_progress import RichProgressBar
 from lightning.pytorch.core.mixins import HyperparametersMixin
 
-__all__ = ["has_trainer", "record_initial_hparam", "rich_bar_settings", "set_logged_step"]
+__all__ = [
+    "count_optimizer_steps",
+    "counted_step",
+    "has_trainer",
+    "record_initial_hparam",
+    "rich_bar_settings",
+    "set_logged_step",
+    "step_only_logged_names",
+]
 
 
 def set_logged_step(trainer: L.Trainer, step: int) -> None:
@@ -47,3 +55,31 @@ def rich_bar_settings(bar: RichProgressBar) -> dict[str, Any]:
 def has_trainer(module: L.LightningModule) -> bool:
     """Whether ``module.trainer`` would return a Trainer (or a Fabric stand-in) instead of raising."""
     return not (module._trainer is None and module._fabric is None and not module._jit_is_scripting)
+
+
+def count_optimizer_steps(optimizer: Any, steps: int) -> None:
+    """Advance Lightning's step count (``trainer.global_step``) by ``steps`` without stepping ``optimizer``.
+
+    ``optimizer`` is the ``LightningOptimizer`` of ``module.optimizers()``; its ``_on_before_step`` and
+    ``_on_after_step`` hooks are what the training loop's step counter listens to.
+    """
+    for _ in range(steps):
+        optimizer._on_before_step()
+        optimizer._on_after_step()
+
+
+def counted_step(optimizer: Any) -> None:
+    """Step the wrapped torch optimizer of a ``LightningOptimizer`` once, counted in ``trainer.global_step``.
+
+    Unlike ``LightningOptimizer.step`` this runs no closure, precision plugin or strategy hook chain.
+    """
+    optimizer._on_before_step()
+    optimizer.optimizer.step()
+    optimizer._on_after_step()
+
+
+def step_only_logged_names(trainer: L.Trainer) -> set[str]:
+    """The names a module logged during training with ``on_step`` only (from ``trainer._results``' metadata)."""
+    results = getattr(trainer, "_results", None) or {}
+    metas = (getattr(result, "meta", None) for result in results.values())
+    return {m.name for m in metas if m is not None and m.logger and m.on_step and not m.on_epoch}

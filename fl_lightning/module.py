@@ -21,7 +21,7 @@ from fl_lightning.core.context import ClientContext, ServerContext
 from fl_lightning.core.distributed import all_reduce_sum_
 from fl_lightning.core.evaluation import Counts, Evaluation, add_counts, batch_counts
 from fl_lightning.core.models import MODELS, build_model, net_name
-from fl_lightning.lightning_internals import has_trainer, record_initial_hparam
+from fl_lightning.lightning_internals import counted_step, has_trainer, record_initial_hparam
 
 #: Where a method's checkpoint holds its :class:`~fl_lightning.core.augment.InputNormalization` statistics.
 INPUT_NORMALIZATION_KEY = "input_normalization"
@@ -419,9 +419,7 @@ class FedAvg(FederatedHooks, L.LightningModule):
             self.before_local_step()
             self._clip_gradients()
             # Lightning's own step bookkeeping (global_step, which checkpointing keys on), without its hook chain.
-            opt._on_before_step()
-            opt.optimizer.step()
-            opt._on_after_step()
+            counted_step(opt)
         else:
             self.manual_backward(loss)
             self._apply_local_gradient()

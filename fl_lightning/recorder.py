@@ -34,6 +34,7 @@ from fl_lightning.core.metrics import forgetting
 from fl_lightning.core.rounds import RoundState
 from fl_lightning.core.rundir import check_fresh_run_dir
 from fl_lightning.core.state import ClientStateStore
+from fl_lightning.lightning_internals import step_only_logged_names
 
 #: Final statuses a run can end with; ``running`` is written while it trains.
 STATUSES = ("completed", "diverged", "interrupted", "failed")
@@ -456,9 +457,7 @@ class RunRecorder:
 
 def _step_only_keys(trainer: L.Trainer) -> set[str]:
     """The names a module logged in training with ``on_step`` only (read from Lightning's training results)."""
-    results = getattr(trainer, "_results", None) or {}
-    metas = (getattr(result, "meta", None) for result in results.values())
-    return {m.name for m in metas if m is not None and m.logger and m.on_step and not m.on_epoch}
+    return step_only_logged_names(trainer)
 
 
 def monitorable(row: Mapping[str, float]) -> dict[str, Any]:

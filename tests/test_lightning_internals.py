@@ -16,7 +16,15 @@ from lightning.pytorch.loggers.logger import Logger
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from fl_lightning.lightning_internals import has_trainer, record_initial_hparam, rich_bar_settings, set_logged_step
+from fl_lightning.lightning_internals import (
+    count_optimizer_steps,
+    counted_step,
+    has_trainer,
+    record_initial_hparam,
+    rich_bar_settings,
+    set_logged_step,
+    step_only_logged_names,
+)
 
 
 class _Tiny(L.LightningModule):
@@ -146,3 +154,43 @@ def test_datamodule_is_attached_before_the_fit_loop_reads_max_epochs(tmp_path):
         "Lightning no longer assigns LightningDataModule.trainer before the fit loop reads max_epochs "
         "(FederatedDataModule.trainer's setter)"
     )
+
+
+def test_counting_optimizer_steps_advances_global_step(tmp_path):
+    class Manual(_Tiny):
+        """Manual optimization, as fl_lightning's methods: a training batch takes 3 counted steps, none applied."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.automatic_optimization = False
+
+        def training_step(self, batch: Any, batch_idx: int) -> None:
+            count_optimizer_steps(self.optimizers(), 3)
+            before = self.layer.weight.detach().clone()
+            self.manual_backward(self.layer(batch[0]).pow(2).mean())
+            counted_step(self.optimizers())
+            assert not torch.equal(before, self.layer.weight), "counted_step did not step the optimizer"
+
+    trainer = _trainer(tmp_path, logger=False)
+    trainer.fit(Manual(), _loader())
+    assert trainer.global_step == 2 * 4, (
+        "LightningOptimizer._on_before_step/_on_after_step no longer count trainer.global_step (count_optimizer_steps)"
+    )
+
+
+def test_step_only_logged_names_read_the_trainers_results(tmp_path):
+    class Logs(_Tiny):
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            loss = super().training_step(batch, batch_idx)
+            self.log("per_step", loss, on_step=True, on_epoch=False)
+            self.log("per_epoch", loss, on_step=False, on_epoch=True)
+            return loss
+
+    seen: list[set[str]] = []
+
+    class Read(L.Callback):
+        def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+            seen.append(step_only_logged_names(trainer))
+
+    _trainer(tmp_path, logger=False, callbacks=[Read()]).fit(Logs(), _loader())
+    assert seen == [{"per_step"}], f"trainer._results' metadata changed (step_only_logged_names): {seen}"
