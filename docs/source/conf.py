@@ -49,7 +49,7 @@ nitpicky = True
 nitpick_ignore_regex = [
     (
         r"py:.*",
-        r"(torch|lightning|lightning_utilities|numpy|np|pandas|matplotlib|jsonargparse|yaml|wandb|sklearn"
+        r"(torch|lightning|lightning_utilities|numpy|np|pandas|matplotlib|jsonargparse|yaml|wandb|sklearn|flwr"
         r"|torchvision|typing_extensions|collections|typing|pathlib|os|io|argparse|enum|dataclasses|abc|subprocess"
         r"|concurrent|contextlib|functools|logging|random|re|signal|threading|types|builtins|_io)(\..*)?",
     ),

@@ -1,0 +1,277 @@
+"""The ServerApp: fl_lightning's server rounds, with each round's local updates sent to Flower nodes.
+
+The server builds the federation from the run's config (:mod:`.build`), as ``cli.py fit`` would, and runs the rounds
+the :class:`~fl_lightning.Federation` callback runs, with the same units: the plan
+(:meth:`~fl_lightning.core.server.FederatedServer.plan_for`), the method's ``on_round_start``, a
+:class:`~fl_lightning.core.rounds.RoundState` that takes each client's weights, upload and loss, the server step
+(:meth:`~fl_lightning.core.server.FederatedServer.server_step`: the reduce, the method's ``server_update``, the server
+optimizer) and the evaluation of the global model on the test set. Only the local updates run elsewhere: each
+sampled client's update is a ``train`` message to the node holding its partition. The run's record is written by a
+:class:`~fl_lightning.recorder.RunRecorder`, as a fit writes it: ``metrics.csv``, ``summary.json``, ``partition.csv``
+and the curves, and the rows go to the config's loggers.
+
+Before the first round, a ``query`` message to every node maps partitions to nodes and checks that each node can take
+part; a problem (a partition outside the federation, a node without data, another method, a missing or doubled
+partition) stops the run with one line (:class:`FlowerRunError`) before anything is written.
+
+The run config (``flwr run --run-config``, or :func:`server_app`'s arguments): ``config`` (the fl_lightning YAML),
+``options`` (extra command-line options), ``run-dir`` (the run directory; default: the config's
+``trainer.default_root_dir``), ``node-wait`` (seconds to wait for the nodes to connect) and ``round-timeout``
+(seconds to wait for a round's replies).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.serverapp import Grid, ServerApp
+
+from fl_lightning import rules
+from fl_lightning.core.rounds import RoundState
+from fl_lightning.core.rundir import RunDirClaim
+from fl_lightning.flower.build import FlowerSetup, build, split_options
+from fl_lightning.flower.messages import get_tree, get_weights, put_tree, put_weights
+from fl_lightning.recorder import RunRecorder, run_info
+
+
+class FlowerRunError(RuntimeError):
+    """A Flower run that cannot go on, with the one line that says why."""
+
+
+def wait_for_nodes(grid: Grid, count: int, timeout: float) -> list[int]:
+    """The ids of the connected nodes, once ``count`` are connected (``FlowerRunError`` after ``timeout`` seconds)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        nodes = sorted(grid.get_node_ids())
+        if len(nodes) >= count:
+            return nodes
+        if time.monotonic() >= deadline:
+            raise FlowerRunError(f"{len(nodes)} of the federation's {count} nodes connected within {timeout:g}s")
+        time.sleep(0.2)
+
+
+def reason_of(reply: Message) -> str:
+    """The one-line reason a node's reply carries an error."""
+    reason = str(reply.error.reason).strip().splitlines()
+    return reason[-1] if reason else f"error code {reply.error.code}"
+
+
+def map_partitions(grid: Grid, setup: FlowerSetup, nodes: Sequence[int], timeout: float) -> dict[int, int]:
+    """Ask every node which partition it holds: client id → node id, once every node can take part.
+
+    Raises :class:`FlowerRunError` for the first problem: a node that did not answer or failed, a node's own
+    problem (its partition outside the federation, no data), a node configured for another method, two nodes with
+    the same partition, or a partition no node holds.
+    """
+    messages = [Message(RecordDict(), node, "query") for node in nodes]
+    replies = {reply.metadata.src_node_id: reply for reply in grid.send_and_receive(messages, timeout=timeout)}
+    clients: dict[int, int] = {}
+    for node in nodes:
+        if node not in replies:
+            raise FlowerRunError(f"node {node} did not answer within {timeout:g}s")
+        reply = replies[node]
+        if reply.has_error():
+            raise FlowerRunError(f"node {node} cannot take part: {reason_of(reply)}")
+        info = reply.content["node"]
+        assert isinstance(info, ConfigRecord)
+        partition = int(info["partition"])  # type: ignore[arg-type]
+        if "problem" in info:
+            raise FlowerRunError(f"node {node} cannot take part: {info['problem']!s}")
+        if info["method"] != setup.method_name:
+            raise FlowerRunError(
+                f"node {node} (partition {partition}) is configured for method {info['method']!s}, "
+                f"the server for {setup.method_name}"
+            )
+        if partition in clients:
+            raise FlowerRunError(f"nodes {clients[partition]} and {node} both hold partition {partition}")
+        clients[partition] = node
+    missing = [c for c in range(setup.datamodule.num_clients) if c not in clients]
+    if missing:
+        raise FlowerRunError(f"no node holds partition(s) {', '.join(map(str, missing))} of the federation")
+    return clients
+
+
+def run_federation(
+    grid: Grid,
+    setup: FlowerSetup,
+    node_wait: float = 60.0,
+    round_timeout: float | None = None,
+) -> list[dict[str, float]]:
+    """Run the federation ``setup`` describes on ``grid``'s nodes; the evaluated rounds (``metrics.csv``'s rows)."""
+    trainer, dm = setup.trainer, setup.datamodule
+    nodes = wait_for_nodes(grid, dm.num_clients, node_wait)
+    clients = map_partitions(grid, setup, nodes, node_wait)
+    run_dir = Path(trainer.default_root_dir)
+    claim = RunDirClaim()
+    claim.acquire(run_dir)
+    try:
+        return _rounds(grid, setup, clients, round_timeout, run_dir)
+    finally:
+        claim.release()
+
+
+def _rounds(
+    grid: Grid, setup: FlowerSetup, clients: dict[int, int], timeout: float | None, run_dir: Path
+) -> list[dict[str, float]]:
+    trainer, module, dm, fed = setup.trainer, setup.module, setup.datamodule, setup.federation
+    hooks = setup.hooks
+    fed.start_fit(run_dir / "client_state")
+    info = run_info(trainer, module, dm, sample_ratio=fed.sample_ratio, local_epochs=fed.local_epochs, seed=fed.seed)
+    info["engine"] = "flower"
+    recorder = RunRecorder(run_dir, info, fed.plots, fed.rounds)
+    recorder.begin(trainer, dm.client_class_counts, True, f"flower: {len(clients)} nodes, one client each")
+    try:
+        for r in range(fed.rounds):
+            plan = fed.plan_for(r, dm.client_sizes, dm.batch_size, dm.drop_last)
+            lr = rules.set_round_lr(trainer, plan.lr_scale)
+            weights = fed.weights_for(plan, dm.client_sizes)
+            keys = frozenset(name for name, p in module.named_parameters() if p.requires_grad)
+            server = dm.server_context(
+                plan, weights, global_weights={}, param_keys=keys, state=fed.server_state, device=module.device
+            )
+            payload = hooks.on_round_start(server) if hooks is not None else {}
+            server.global_weights = {k: v.detach().clone() for k, v in module.state_dict().items()}
+            rnd = RoundState(
+                plan,
+                list(range(len(plan.clients))),
+                weights,
+                batches_per_client=[1] * len(plan.clients),
+                upload_reduce=hooks.upload_reduce if hooks is not None else None,
+                global_weights=server.global_weights,
+                lr=lr,
+                started_at=time.perf_counter(),
+            )
+            replies = _train_round(grid, rnd, payload, clients, timeout)
+            for pos, client in enumerate(plan.clients):
+                reply = replies[client]
+                rnd.add_client(
+                    pos,
+                    get_weights(reply.content, "weights", module.device),
+                    get_tree(reply.content, "upload"),
+                    _loss_of(reply.content),
+                    client,
+                )
+            if rnd.diverged:
+                module.load_state_dict(rnd.global_weights)  # keep the last finite global model
+                recorder.finish_diverged(trainer, r + 1, rnd.diverged[0])
+                return recorder.history
+            update = hooks.server_update if hooks is not None else None
+            module.load_state_dict(fed.server_step(rnd, server, update))
+            if fed.evaluates(r + 1):
+                result = dm.test_evaluation(module, trainer.precision_plugin.forward_context())
+                recorder.end_round(trainer, rnd, result)
+                recorder.record_measured(trainer)
+                diverged = recorder.divergence(fed.collapse_rounds, dm.num_test_classes)
+                if diverged is not None:
+                    recorder.finish_diverged(trainer, *diverged)
+                    return recorder.history
+            else:
+                recorder.end_round(trainer, rnd, None)
+    except BaseException as err:
+        recorder.end_with(trainer, err)
+        raise
+    recorder.end(trainer, fed.rounds)
+    return recorder.history
+
+
+def _loss_of(content: RecordDict) -> float:
+    result = content["result"]
+    assert isinstance(result, ConfigRecord)
+    return float(result["loss"])  # type: ignore[arg-type]
+
+
+def _train_round(
+    grid: Grid, rnd: RoundState, payload: dict[str, Any], clients: dict[int, int], timeout: float | None
+) -> dict[int, Message]:
+    """Send round ``rnd``'s clients their ``train`` messages; their replies by client id (all of them, or raise)."""
+    plan = rnd.plan
+    messages = []
+    for pos, client in enumerate(plan.clients):
+        content = RecordDict()
+        put_weights(content, "global", rnd.global_weights)
+        put_tree(content, "payload", payload)
+        content["plan"] = ConfigRecord(
+            {
+                "round": plan.round,
+                "client": client,
+                "steps": plan.steps[pos],
+                "local_epochs": plan.local_epochs,
+                "lr_scale": plan.lr_scale,
+                "weight": float(rnd.weights[pos]),
+            }
+        )
+        messages.append(Message(content, clients[client], "train", group_id=str(plan.round + 1)))
+    node_client = {node: client for client, node in clients.items()}
+    replies: dict[int, Message] = {}
+    for reply in grid.send_and_receive(messages, timeout=timeout):
+        client = node_client[reply.metadata.src_node_id]
+        if reply.has_error():
+            raise FlowerRunError(f"round {plan.round + 1}: client {client} failed: {reason_of(reply)}")
+        replies[client] = reply
+    missing = [c for c in plan.clients if c not in replies]
+    if missing:
+        raise FlowerRunError(
+            f"round {plan.round + 1}: client(s) {', '.join(map(str, missing))} did not answer within {timeout}s"
+        )
+    return replies
+
+
+def server_setup(config: str, options: str | Sequence[str] | None = None, run_dir: str | None = None) -> FlowerSetup:
+    """The server's federation: ``config`` and ``options`` as ``cli.py fit`` reads them, in ``run_dir`` if given."""
+    extra = split_options(options)
+    if run_dir:
+        extra += ["--trainer.default_root_dir", run_dir]
+    return build(config, extra)
+
+
+def server_app(
+    config: str | None = None,
+    options: str | None = None,
+    run_dir: str | None = None,
+    node_wait: float | None = None,
+    round_timeout: float | None = None,
+    setup: FlowerSetup | None = None,
+    on_done: Callable[[list[dict[str, float]] | BaseException], None] | None = None,
+) -> ServerApp:
+    """A ServerApp for the fl_lightning config ``config`` (each argument left out: the run config's value).
+
+    ``setup``: the server's federation, built already (then ``config``, ``options`` and ``run_dir`` are not read);
+    ``on_done``: told the run's evaluated rounds, or the exception that ended it.
+    """
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        run = context.run_config
+        path = config if config is not None else str(run.get("config", ""))
+        if not path and setup is None:
+            raise FlowerRunError('the run config names no fl_lightning config (config = "path/to/config.yaml")')
+        extra = options if options is not None else str(run.get("options", ""))
+        folder = run_dir if run_dir is not None else str(run.get("run-dir", "")) or None
+        wait = node_wait if node_wait is not None else float(run.get("node-wait", 60.0))
+        limit = round_timeout if round_timeout is not None else _optional_float(run.get("round-timeout"))
+        try:
+            history = run_federation(grid, setup or server_setup(path, extra, folder), wait, limit)
+        except BaseException as err:
+            if isinstance(err, FlowerRunError):
+                print(f"[fl_lightning] {err}", file=sys.stderr, flush=True)
+            if on_done is not None:
+                on_done(err)
+            raise
+        if on_done is not None:
+            on_done(history)
+
+    return app
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value in (None, "", 0) else float(value)
+
+
+#: The ServerApp ``flwr run`` loads (``fl_lightning.flower.server_app:app``): its settings come from the run config.
+app = server_app()

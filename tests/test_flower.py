@@ -1,0 +1,189 @@
+"""The Flower apps: the same science as ``cli.py fit`` in Flower's simulation runtime, and their bad-input lines."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("flwr")
+
+from helpers import ROOT, read_metrics, read_summary  # noqa: E402
+
+from fl_lightning.cli import run as cli_run  # noqa: E402
+
+QUICKSTART = str(ROOT / "configs/quickstart.yaml")
+
+#: Each method as a user selects it: options after ``--config configs/quickstart.yaml``.
+METHODS = {
+    "fedavg": [],
+    "fedntd": ["--model.class_path", "fl_lightning.methods.FedNTD"],
+    "scaffold": ["--model.class_path", "fl_lightning.methods.SCAFFOLD"],
+    "fedadam": [
+        "--federation.server_optimizer",
+        "fl_lightning.core.server_optim.FedAdam",
+        "--federation.server_optimizer.lr",
+        "0.01",
+    ],
+}
+
+
+def _options(method: str, rounds: int = 3) -> list[str]:
+    return ["--federation.rounds", str(rounds), "--trainer.enable_progress_bar", "false", *METHODS[method]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", list(METHODS))
+def test_simulation_equals_cli_fit(method: str, tmp_path: Path) -> None:
+    from fl_lightning.flower.simulation import simulate
+
+    fit_dir, flower_dir = tmp_path / "fit", tmp_path / "flower"
+    options = _options(method)
+    assert cli_run(["fit", "--config", QUICKSTART, *options, "--trainer.default_root_dir", str(fit_dir)]) == 0
+    history = simulate(QUICKSTART, options, run_dir=str(flower_dir))
+    fit_rows, flower_rows = read_metrics(fit_dir), read_metrics(flower_dir)
+    assert [int(r["round"]) for r in flower_rows] == [1, 2, 3] == [int(r["round"]) for r in fit_rows]
+    worst = max(
+        abs(float(a[k]) - float(b[k]))
+        for a, b in zip(fit_rows, flower_rows, strict=True)
+        for k in ("global_acc", "global_loss")
+    )
+    print(f"{method}: largest per-round difference {worst:.3g}")
+    for fit_row, flower_row, row in zip(fit_rows, flower_rows, history, strict=True):
+        for key in ("global_acc", "global_loss", "train_loss"):
+            assert math.isclose(float(flower_row[key]), float(fit_row[key]), abs_tol=1e-5), (key, fit_row, flower_row)
+            assert math.isclose(row[key], float(fit_row[key]), abs_tol=1e-5)
+    summary = read_summary(flower_dir)
+    assert summary["status"] == "completed" and summary["engine"] == "flower"
+    assert summary["method"] == read_summary(fit_dir)["method"]
+    assert (flower_dir / "curve.png").exists() and (flower_dir / "partition.csv").exists()
+
+
+# ---- bad input: one line each, nothing written to the run ------------------------------------------------------------
+
+
+class InProcessGrid:
+    """A Flower Grid whose nodes are ClientApps called in this process (one per node, with its node config)."""
+
+    def __init__(self, apps: list, node_configs: list[dict]) -> None:
+        from flwr.app import Context, RecordDict
+        from flwr.supercore.task_identity import TaskIdentity
+
+        # what Flower's runtimes set for the ServerApp's messages (run_simulation does the same)
+        TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
+        self.apps = dict(enumerate(apps, start=1))
+        self.contexts = {
+            node: Context(run_id=1, node_id=node, node_config=config, state=RecordDict(), run_config={})
+            for node, config in zip(self.apps, node_configs, strict=True)
+        }
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.apps)
+
+    def send_and_receive(self, messages, timeout=None):
+        from flwr.app import Error, Message
+
+        replies = []
+        for msg in messages:
+            node = msg.metadata.dst_node_id
+            try:
+                replies.append(self.apps[node](msg, self.contexts[node]))
+            except Exception as err:  # what a SuperNode returns for a ClientApp that raised
+                replies.append(Message(Error(code=0, reason=f"{type(err).__name__}: {err}"), reply_to=msg))
+        return replies
+
+
+def _tiny(rounds: int = 2) -> list[str]:
+    return [
+        *("--data.num_clients", "3", "--federation.local_epochs", "1", "--federation.rounds", str(rounds)),
+        "--trainer.enable_progress_bar",
+        "false",
+    ]
+
+
+def _nodes(count: int = 3) -> list[dict]:
+    return [{"partition-id": k, "num-partitions": count} for k in range(count)]
+
+
+def _run_in_process(tmp_path: Path, server_options: list[str], client_options: list[list[str]], configs: list[dict]):
+    from fl_lightning.flower.client_app import client_app
+    from fl_lightning.flower.server_app import run_federation, server_setup
+
+    setup = server_setup(QUICKSTART, server_options, str(tmp_path / "run"))
+    apps = [client_app(QUICKSTART, " ".join(options)) for options in client_options]
+    return run_federation(InProcessGrid(apps, configs), setup, node_wait=1.0)
+
+
+@pytest.mark.parametrize(
+    ("configs", "client_extra", "line"),
+    [
+        (
+            [
+                {"partition-id": 0, "num-partitions": 3},
+                {"partition-id": 1, "num-partitions": 3},
+                {"partition-id": 7, "num-partitions": 3},
+            ],
+            [[], [], []],
+            "node 3 cannot take part: partition-id 7 is outside the federation (clients 0 to 2)",
+        ),
+        (
+            _nodes(),
+            [[], ["--model.class_path", "fl_lightning.methods.FedNTD"], []],
+            "node 2 (partition 1) is configured for method fedntd, the server for fedavg",
+        ),
+        (
+            [
+                {"partition-id": 0, "num-partitions": 3},
+                {"partition-id": 1, "num-partitions": 3},
+                {
+                    "partition-id": 2,
+                    "num-partitions": 3,
+                    "options": "--data.dataset mnist --data.download false --data.root /nonexistent/fl",
+                },
+            ],
+            [[], [], []],
+            "node 3 cannot take part: FileNotFoundError: MNIST (",
+        ),
+        (
+            [
+                {"partition-id": 0, "num-partitions": 3},
+                {"partition-id": 1, "num-partitions": 3},
+                {"partition-id": 1, "num-partitions": 3},
+            ],
+            [[], [], []],
+            "nodes 2 and 3 both hold partition 1",
+        ),
+        (
+            [
+                {"partition-id": 0, "num-partitions": 4},
+                {"partition-id": 1, "num-partitions": 4},
+                {"partition-id": 2, "num-partitions": 4},
+            ],
+            [[], [], []],
+            "node 1 cannot take part: the node's num-partitions is 4, the config's federation has 3 clients",
+        ),
+    ],
+    ids=["partition-outside", "method-mismatch", "no-data", "doubled-partition", "other-federation"],
+)
+def test_bad_input_one_line_nothing_written(configs, client_extra, line, tmp_path: Path) -> None:
+    from fl_lightning.flower.server_app import FlowerRunError
+
+    with pytest.raises(FlowerRunError) as err:
+        _run_in_process(tmp_path, _tiny(), [_tiny() + extra for extra in client_extra], configs)
+    message = str(err.value)
+    assert message.startswith(line) and "\n" not in message, message
+    assert not (tmp_path / "run").exists()
+
+
+def test_in_process_grid_scaffold_equals_cli_fit(tmp_path: Path) -> None:
+    """The apps' round trip (records, client state kept on the node) without Flower's runtime: SCAFFOLD, 2 rounds."""
+    options = [*_tiny(), "--model.class_path", "fl_lightning.methods.SCAFFOLD"]
+    history = _run_in_process(tmp_path, options, [options] * 3, _nodes())
+    fit_dir = tmp_path / "fit"
+    assert cli_run(["fit", "--config", QUICKSTART, *options, "--trainer.default_root_dir", str(fit_dir)]) == 0
+    fit_rows = read_metrics(fit_dir)
+    assert len(history) == len(fit_rows) == 2
+    for row, fit_row in zip(history, fit_rows, strict=True):
+        for key in ("global_acc", "global_loss", "train_loss"):
+            assert math.isclose(row[key], float(fit_row[key]), abs_tol=1e-5), (key, row, fit_row)
