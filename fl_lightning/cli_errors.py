@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib
+import inspect
 import re
 
 from jsonargparse import ArgumentError
@@ -93,7 +95,7 @@ def _class_argument_reason(text: str) -> str | None:
         stack[-1][1].append(node)
         stack.append((indent, node[1]))
     keys: list[str] = []
-    through_class: list[bool] = []
+    through_class: list[str] = []
 
     def innermost(level: list[tuple[str, list]]) -> str | None:
         for line, children in level:
@@ -103,7 +105,7 @@ def _class_argument_reason(text: str) -> str | None:
                 rest = line.split('":', 1)[1].strip() if '":' in line else ""
                 return rest or innermost(children)
             if line.startswith("Problem with given class_path"):
-                through_class.append(True)
+                through_class.append(line.split("'")[1] if "'" in line else "")
                 return innermost(children) or line
             if line == "Errors:":
                 real = [b for b in children if not re.fullmatch(r"(- )?Expected a <class '[^']*'>", b[0])]
@@ -116,8 +118,42 @@ def _class_argument_reason(text: str) -> str | None:
     reason = innermost(nodes)
     if not through_class or reason is None or not keys:
         return None
-    reason = re.sub(r"^Expected a <class '([^']*)'>\. Got value: (.*)$", r"expected \1, got '\2'", reason)
-    return f"--{'.'.join(keys)}: {reason}"
+    unknown = re.fullmatch(r"Option '(\w+)' is not accepted", reason)
+    if unknown is not None:
+        return _unknown_option(keys, through_class[-1], unknown.group(1))
+    return f"--{'.'.join(keys)}: {_expected(reason)}"
+
+
+_NOT_FINITE = ("nan", ".nan", "inf", "+inf", "-inf", ".inf", "-.inf", "infinity", "-infinity")
+
+
+def _expected(reason: str) -> str:
+    """A parser's reason ``Expected a <class 'float'>. Got value: x`` as ``expected float, got 'x'``.
+
+    >>> _expected("Expected a <class 'float'>. Got value: nan")
+    "expected a finite float, got 'nan' (not a number)"
+    """
+    found = re.fullmatch(r"Expected a <class '([^']*)'>\. Got value: (.*)", reason)
+    if found is None:
+        return reason
+    kind, value = found.groups()
+    if kind == "float" and value.strip().lower() in _NOT_FINITE:
+        return f"expected a finite float, got {value!r} (not a number)"
+    return f"expected {kind}, got {value!r}"
+
+
+def _unknown_option(keys: list[str], class_path: str, name: str) -> str:
+    """``--model.lrr`` as ``--model.lrr: FedAvg has no option lrr; did you mean --model.lr?``."""
+    module, _, attr = class_path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+        options = [p for p in inspect.signature(cls).parameters if p not in ("self", "args", "kwargs")]
+    except Exception:  # a class that cannot be inspected: no suggestion
+        options = []
+    close = difflib.get_close_matches(name, options, n=1, cutoff=0.6)
+    prefix = "--" + ".".join(keys)
+    hint = f"; did you mean {prefix}.{close[0]}?" if close else ""
+    return f"{prefix}.{name}: {attr or class_path} has no option {name}{hint}"
 
 
 def _parser_line(lines: list[str]) -> str:
@@ -130,5 +166,5 @@ def _parser_line(lines: list[str]) -> str:
         reason = reasons[0] if reasons else first
         if reason.startswith(f'Parser key "{key}": '):
             reason = reason.split('": ', 1)[1]
-        return f"--{key}: {reason}" if key else reason
+        return f"--{key}: {_expected(reason)}" if key else reason
     return first

@@ -6,27 +6,33 @@ codes, one-line errors, ``compare``) is :mod:`fl_lightning.cli`.
 
 from __future__ import annotations
 
-import difflib
-import importlib.util
+import importlib
 import os
-import re
 import sys
+import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import yaml
-from jsonargparse import Namespace
+from jsonargparse import ArgumentError, Namespace
 from lightning.pytorch.callbacks.progress.tqdm_progress import TQDMProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback, _InstantiatorFn
 from typing_extensions import override
 
-from fl_lightning import (
-    methods,  # registers the methods so that `--model FedNTD` resolves; `--model fedntd` goes through METHODS
-    rules,
-    shipped_configs,
-)
+from fl_lightning import rules
 from fl_lightning.checkpoint import AtomicLastCheckpoint
+from fl_lightning.cli_args import (  # cli_args imports the methods: `--model FedNTD` resolves
+    check_logger_package,
+    check_logger_packages,
+    closest_option,
+    data_source_paths,
+    method_names,
+    named_configs,
+    run_base,
+    tensorboard_save_dir,
+)
 from fl_lightning.core import faults
 from fl_lightning.core.files import write_text_atomic
 from fl_lightning.core.partitions import Partitioner
@@ -40,6 +46,7 @@ from fl_lightning.core.rundir import (
     move_aside,
     release_run_dir,
 )
+from fl_lightning.core.versions import VERSION_PREFIX, claim_new_version, matching_version
 from fl_lightning.data import FederatedDataModule
 from fl_lightning.federation import Federation
 from fl_lightning.progress import RoundProgressBar, quiet_lightning
@@ -57,15 +64,15 @@ class RunConfigSaver(SaveConfigCallback):
         if trainer.is_global_zero:
             run_dir = trainer.default_root_dir
             os.makedirs(run_dir, exist_ok=True)
-            config = self.config.clone()
-            config["ckpt_path"] = None  # the file describes the experiment; `--config` of it starts, not resumes
-            text = self.parser.dump(config, skip_none=False)
+            saved = self.config.clone()
+            saved["ckpt_path"] = None  # the file describes the experiment; `--config` of it starts, not resumes
+            text = self.parser.dump(saved, skip_none=False)
             write_text_atomic(Path(run_dir) / self.config_filename, text)
             config = self.config.clone().as_dict() if hasattr(self.config, "as_dict") else dict(self.config)
             # The settings only: not the --config files the parser read (`config: [Path_fsr(...)]`).
-            config = {key: value for key, value in config.items() if key != "config" and not key.startswith("_")}
+            settings = {key: value for key, value in config.items() if key != "config" and not key.startswith("_")}
             for logger in trainer.loggers:
-                logger.log_hyperparams(_flatten(config))
+                logger.log_hyperparams(_flatten(settings))
         self.already_saved = True
 
 
@@ -89,6 +96,16 @@ class _Resolved(Exception):  # noqa: N818  (a control-flow signal, not an error)
 #: run directory it claimed (released when the command ends).
 RUNNING: dict[str, Any] = {"run_dir": None, "fitting": False, "claimed": None}
 
+#: The run directory a fit chose under its default location, for the processes a launcher starts beside it.
+_RUN_DIR_ENV = "FL_LIGHTNING_RUN_DIR"
+
+
+def _version_of_checkpoint(base: Path, ckpt_path: str | os.PathLike[str]) -> Path | None:
+    """The ``base/version_N`` that a checkpoint file lies in (``<version>/checkpoints/<file>``), else None."""
+    folder = Path(ckpt_path).resolve().parent.parent
+    inside = folder.parent == base.resolve() and folder.name.startswith(VERSION_PREFIX)
+    return base / folder.name if inside else None
+
 
 def _is_worker_process() -> bool:
     """Whether this process is one that a launcher (Lightning's DDP, torchrun, SLURM) started beside the main one."""
@@ -101,7 +118,9 @@ class FLCLI(LightningCLI):
     The model is any ``LightningModule`` (a method by name, or a class path); the data facts (``num_classes``,
     ``in_channels``, ``image_size``) reach the arguments of its ``__init__`` that have those names, if any.
 
-    Before anything is built or written it checks the run directory (:func:`fl_lightning.core.rundir.check_run_dir`).
+    A fit whose command names no run directory writes into a new ``runs/<config name>/version_N``
+    (:func:`~fl_lightning.cli_args.run_base`). Once every value has passed its own class's checks, and before anything
+    is written, it claims and checks the run directory (:func:`fl_lightning.core.rundir.check_run_dir`).
     """
 
     overwrite: bool = False
@@ -140,25 +159,78 @@ class FLCLI(LightningCLI):
         if trainer is None:
             return
         _trainer_rules(trainer)
-        _logger_defaults(config)
         if self.resolve_only:
+            _logger_defaults(config)
             raise _Resolved(self.resolved_dict(config))
         if self.subcommand == "fit":
-            resume = config.get("ckpt_path") is not None
-            if not _is_worker_process() and RUNNING.get("claimed") is None:
-                # Claim the directory before checking it, so that no other fit can start there in between.
-                RUNNING["claimed"] = claim_run_dir(trainer["default_root_dir"])
-                faults.point("after-claim")
-            self.run_plan = check_run_dir(
-                trainer["default_root_dir"],
-                self.resolved_dict(config),
-                resume=resume,
-                overwrite=self.overwrite,
-                ckpt_path=config.get("ckpt_path"),
+            if not _is_worker_process():
+                _warn_cpu_devices(trainer)
+            base = getattr(self, "run_base", None)
+            if base is not None:
+                trainer["default_root_dir"] = str(self._versioned_run_dir(Path(base), config))
+        _logger_defaults(config)
+
+    def _versioned_run_dir(self, base: Path, config: Namespace) -> Path:
+        """The run directory under ``base`` of a fit whose command names none: a new ``version_N``, or a resumed one.
+
+        A fresh fit claims a new version (:func:`~fl_lightning.core.versions.claim_new_version`). ``--ckpt_path last``
+        resumes the newest version of the same experiment (:func:`~fl_lightning.core.versions.matching_version`), and
+        ``--ckpt_path <file>`` the version the file lies in; with no such version the fit starts in a new one. The
+        processes a launcher starts beside this one take the directory this one chose (``FL_LIGHTNING_RUN_DIR``).
+        """
+        if _is_worker_process() and os.environ.get(_RUN_DIR_ENV):
+            return Path(os.environ[_RUN_DIR_ENV])
+        ckpt_path = config.get("ckpt_path")
+        run_dir = None
+        if ckpt_path == "last":
+            run_dir = matching_version(base, self.resolved_dict(config))
+        elif ckpt_path:
+            run_dir = _version_of_checkpoint(base, ckpt_path)
+        if run_dir is None:
+            run_dir = claim_new_version(base)
+            RUNNING["claimed"] = run_dir
+            faults.point("after-claim")
+            self.new_version_note = (
+                f"no run of these settings in {base} to resume: a new run in {run_dir}"
+                if ckpt_path == "last"
+                else f"a new run in {run_dir}"
             )
-            # Lightning gets the checked file itself (its own `last` lookup could pick another one).
-            config["ckpt_path"] = str(self.run_plan.ckpt) if self.run_plan.ckpt is not None else None
-            RUNNING["run_dir"] = Path(trainer["default_root_dir"])
+        os.environ[_RUN_DIR_ENV] = str(run_dir)
+        RUNNING["run_dir_env"] = True
+        return run_dir
+
+    @override
+    def after_instantiate_classes(self) -> None:
+        """Claim and check the run directory of a fit, once every value has passed its own class's checks.
+
+        The check (:func:`fl_lightning.core.rundir.check_run_dir`) reads only; a refusal leaves nothing behind.
+        """
+        if self.subcommand != "fit":
+            return
+        config = self.config[self.subcommand]
+        run_dir = config["trainer"]["default_root_dir"]
+        if not _is_worker_process() and RUNNING.get("claimed") is None:
+            # Claim the directory before checking it, so that no other fit can start there in between.
+            RUNNING["claimed"] = claim_run_dir(run_dir)
+            faults.point("after-claim")
+        resume = config.get("ckpt_path") is not None
+        plan = check_run_dir(
+            run_dir,
+            self.resolved_dict(config),
+            resume=resume,
+            # a new version folder holds nothing to replace; a resume with --overwrite is refused as ever
+            overwrite=self.overwrite and (getattr(self, "run_base", None) is None or resume),
+            ckpt_path=config.get("ckpt_path"),
+        )
+        note = getattr(self, "new_version_note", "")
+        if note and plan.action == "fresh":
+            plan = replace(plan, message=note)
+        self.run_plan = plan
+        # Lightning gets the checked file itself (its own `last` lookup could pick another one).
+        ckpt = str(plan.ckpt) if plan.ckpt is not None else None
+        config["ckpt_path"] = ckpt
+        self.config_init[self.subcommand]["ckpt_path"] = ckpt
+        RUNNING["run_dir"] = Path(run_dir)
 
     @override
     def _add_instantiators(self) -> None:
@@ -197,9 +269,17 @@ class FLCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         argv = list(sys.argv[1:] if args is None else args) if not isinstance(args, dict) else args
         if isinstance(argv, list):
-            argv = _tensorboard_save_dir(_data_source_paths(_method_names(_named_configs(argv))))
-            _check_logger_packages(argv)
-        super().parse_arguments(parser, argv)
+            argv = tensorboard_save_dir(data_source_paths(method_names(named_configs(argv))))
+            check_logger_packages(argv)
+            self.run_base = run_base(argv)
+        try:
+            super().parse_arguments(parser, argv)
+        except ArgumentError as err:
+            subcommand = argv[0] if isinstance(argv, list) and argv and argv[0] in self.subcommands() else None
+            hint = closest_option(str(err), self._parser(subcommand)) if subcommand else None
+            if hint is None:
+                raise
+            raise ArgumentError(None, f"{str(err).strip().splitlines()[0]}; {hint}") from err
 
     def resolved_dict(self, config: Namespace) -> dict[str, Any]:
         """The config as ``config.yaml`` would hold it, as a nested dict."""
@@ -211,9 +291,10 @@ class FLCLI(LightningCLI):
         trainer = super().instantiate_trainer(**kwargs)
         # Rounds as epochs; checkpoints in the run directory whatever the logger, so that `--ckpt_path last` finds them.
         rules.prepare_trainer(trainer, self._get(self.config, "federation.rounds"))
-        for i, cb in enumerate(trainer.callbacks):
+        callbacks: list[L.Callback] = trainer.callbacks  # type: ignore[attr-defined]  # set by Lightning's connector
+        for i, cb in enumerate(callbacks):
             if type(cb) is TQDMProgressBar:
-                trainer.callbacks[i] = RoundProgressBar(refresh_rate=cb.refresh_rate, leave=False)
+                callbacks[i] = RoundProgressBar(refresh_rate=cb.refresh_rate, leave=False)
         for logger in trainer.loggers:
             wandb_init = getattr(logger, "_wandb_init", None)
             if isinstance(wandb_init, dict) and wandb_init.get("anonymous") is None:
@@ -239,138 +320,6 @@ class FLCLI(LightningCLI):
         RUNNING["fitting"] = True
 
 
-def _tensorboard_save_dir(argv: list[str]) -> list[str]:
-    """``--trainer.logger TensorBoardLogger`` alone: give it the placeholder save_dir ``.`` (the run directory).
-
-    TensorBoardLogger requires a save_dir when the arguments are parsed, before the run directory is known.
-    """
-    for i, arg in enumerate(argv[:-1]):
-        given = any(a.startswith("--trainer.logger.save_dir") for a in argv)
-        if arg == "--trainer.logger" and argv[i + 1].rsplit(".", 1)[-1] == "TensorBoardLogger" and not given:
-            return [*argv[: i + 2], "--trainer.logger.save_dir", ".", *argv[i + 2 :]]
-    return argv
-
-
-def _named_configs(argv: list[str]) -> list[str]:
-    """``--config NAME``: a file as it is, else the shipped config of that name (:mod:`~fl_lightning.shipped_configs`).
-
-    Raises:
-        FileNotFoundError: neither a file nor a shipped config's name.
-    """
-    out = list(argv)
-    for i, arg in enumerate(out):
-        if arg in ("--config", "-c") and i + 1 < len(out):
-            out[i + 1] = shipped_configs.resolve_config_arg(out[i + 1], arg)
-        elif arg.startswith("--config="):
-            out[i] = "--config=" + shipped_configs.resolve_config_arg(arg.split("=", 1)[1], "--config")
-    return out
-
-
-def _method_class_path(value: str, option: str = "--model") -> str:
-    """A method named as in the results (``fedntd``, ``FedNTD``, ``fedlmd_tf``; any case) as its class path.
-
-    A class path (``mypkg.MyMethod``), an inline class config (``{"class_path": ...}``) or the name of another
-    imported ``LightningModule`` subclass is returned unchanged; an unknown name is refused with the closest method's
-    name.
-
-    >>> _method_class_path("fedntd"), _method_class_path("FedLMD-Tf")
-    ('fl_lightning.methods.FedNTD', 'fl_lightning.methods.FedLMDTf')
-    """
-    if not value or "." in value or not value.replace("_", "").replace("-", "").isalnum():
-        return value
-
-    def key(name: str) -> str:
-        return name.lower().replace("_", "").replace("-", "")
-
-    by_key: dict[str, type] = {}
-    for short, cls in methods.METHODS.items():
-        by_key.setdefault(key(short), cls)
-        by_key.setdefault(key(cls.__name__), cls)
-    cls = by_key.get(key(value))
-    if cls is not None:
-        return f"{cls.__module__}.{cls.__qualname__}"
-    if any(sub.__name__ == value for sub in _subclasses(L.LightningModule)):
-        return value  # a module of your own that is imported: jsonargparse resolves it by name
-    close = difflib.get_close_matches(key(value), list(by_key), n=1, cutoff=0.5)
-    names = {key(short): short for short in methods.METHODS}
-    hint = f"did you mean {names.get(close[0], by_key[close[0]].__name__)}? " if close else ""
-    raise ValueError(
-        f"{option} {value}: unknown method; {hint}The methods are {', '.join(methods.METHODS)} (any case), "
-        f"or give a class path such as mypkg.MyMethod"
-    )
-
-
-def _subclasses(cls: type) -> list[type]:
-    found = []
-    for sub in cls.__subclasses__():
-        found += [sub, *_subclasses(sub)]
-    return found
-
-
-def _method_names(argv: list[str]) -> list[str]:
-    """``--model fedntd`` (and ``--model.help fedntd``) with the method's class path."""
-    out = list(argv)
-    options = ("--model", "--model.class_path", "--model.help")
-    for i, arg in enumerate(out):
-        if arg in options and i + 1 < len(out):
-            out[i + 1] = _method_class_path(out[i + 1], arg)
-        elif "=" in arg and arg.split("=", 1)[0] in options:
-            option, value = arg.split("=", 1)
-            out[i] = f"{option}={_method_class_path(value, option)}"
-    return out
-
-
-def _data_source_paths(argv: list[str]) -> list[str]:
-    """``--data.dataset mypkg.MyData``: a class path (the built-in datasets' names have no dot) as a ``DataSource``.
-
-    The option also takes a dataset's name, as which jsonargparse would otherwise take the class path.
-    """
-    out = list(argv)
-    for i, arg in enumerate(out):
-        if arg == "--data.dataset" and i + 1 < len(out) and _CLASS_PATH.fullmatch(out[i + 1]):
-            out[i] = "--data.dataset.class_path"
-        elif arg.startswith("--data.dataset=") and _CLASS_PATH.fullmatch(arg.split("=", 1)[1]):
-            out[i] = "--data.dataset.class_path=" + arg.split("=", 1)[1]
-    return out
-
-
-_CLASS_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
-
-
-#: Loggers whose package is optional: the module to import and what to ``pip install``.
-_LOGGER_PACKAGES = {
-    "WandbLogger": (("wandb",), "wandb"),
-    "TensorBoardLogger": (("tensorboard", "tensorboardX"), "tensorboard"),
-    "CometLogger": (("comet_ml",), "comet-ml"),
-    "MLFlowLogger": (("mlflow",), "mlflow"),
-    "NeptuneLogger": (("neptune",), "neptune"),
-}
-
-
-def _installed(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def _check_logger_package(logger: str) -> None:
-    """Refuse a logger whose package is not installed, naming the ``pip install`` to run."""
-    name = logger.rsplit(".", 1)[-1]
-    modules, package = _LOGGER_PACKAGES.get(name, ((), ""))
-    if modules and not any(_installed(m) for m in modules):
-        extra = f" (or pip install 'fl_lightning[{package}]')" if package in ("wandb", "tensorboard") else ""
-        raise ValueError(f"--trainer.logger {name} needs the {package} package: pip install {package}{extra}")
-
-
-def _check_logger_packages(argv: list[str]) -> None:
-    for i, arg in enumerate(argv):
-        if arg == "--trainer.logger" and i + 1 < len(argv):
-            _check_logger_package(argv[i + 1])
-        elif arg.startswith("--trainer.logger="):
-            _check_logger_package(arg.split("=", 1)[1])
-
-
 def _trainer_rules(trainer: Namespace) -> None:
     """The trainer rules (:mod:`fl_lightning.rules`) on the parsed config, before anything is built.
 
@@ -384,6 +333,21 @@ def _trainer_rules(trainer: Namespace) -> None:
     rules.check_round_options({key: trainer.get(key) for key in rules.ROUND_OPTIONS})
 
 
+def _warn_cpu_devices(trainer: Namespace) -> None:
+    """One warning when ``--trainer.devices N`` on the CPU asks for more processes than this process has cores."""
+    devices = trainer.get("devices")
+    if rules.uses_cuda(trainer.get("accelerator")) or str(trainer.get("accelerator") or "auto") not in ("auto", "cpu"):
+        return
+    count = int(devices) if isinstance(devices, int) or (isinstance(devices, str) and devices.isdigit()) else None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if count is not None and count > cores:
+        warnings.warn(
+            f"--trainer.devices {count} starts {count} processes on {cores} CPU cores: they take turns on the cores "
+            f"and each round is slower than with --trainer.devices {cores} or fewer",
+            stacklevel=2,
+        )
+
+
 def _logger_defaults(config: Namespace) -> None:
     """W&B and TensorBoard write under the run directory; a W&B run is named, grouped and tagged from the config."""
     logger = config.get("trainer", {}).get("logger")
@@ -394,7 +358,7 @@ def _logger_defaults(config: Namespace) -> None:
     if args is None:
         return
     name = str(logger["class_path"]).rsplit(".", 1)[-1]
-    _check_logger_package(name)
+    check_logger_package(name)
     if name == "TensorBoardLogger":
         if args.get("save_dir") in (None, "."):
             args["save_dir"] = run_dir
@@ -406,9 +370,12 @@ def _logger_defaults(config: Namespace) -> None:
         data, model = config.get("data", {}), config.get("model", {})
         method = str(model.get("class_path", "FedAvg")).rsplit(".", 1)[-1] if isinstance(model, Namespace) else "?"
         dataset, partition = _config_label(data.get("dataset")), _config_label(data.get("partition"))
+        name = Path(run_dir).name
+        if name.startswith(VERSION_PREFIX):
+            name = f"{Path(run_dir).parent.name}_{name}"  # runs/quickstart/version_2: quickstart_version_2
         defaults = {
             "project": "fl_lightning",
-            "name": Path(run_dir).name,
+            "name": name,
             "group": _wandb_text(f"{dataset}_{partition}"),
             "tags": [_wandb_text(tag) for tag in (method, dataset, partition, f"seed{config.get('seed_everything')}")],
         }
@@ -453,7 +420,7 @@ def cli_main(args: list[str] | None = None, run: bool = True, overwrite: bool = 
     RUNNING["claimed"] = None
     try:
         return cli_class(
-            L.LightningModule,  # any module by class path; the methods by name too (_method_names)
+            L.LightningModule,  # any module by class path; the methods by name too (method_names)
             FederatedDataModule,
             subclass_mode_model=True,
             seed_everything_default=0,
@@ -465,16 +432,19 @@ def cli_main(args: list[str] | None = None, run: bool = True, overwrite: bool = 
             parser_kwargs=_parser_kwargs(),
         )
     finally:
-        # A fit claims its run directory before checking it (FLCLI.before_instantiate_classes); released however
+        # A fit claims its run directory before checking it (FLCLI.after_instantiate_classes); released however
         # the command ends.
         if RUNNING.get("claimed") is not None:
             release_run_dir(RUNNING["claimed"])
             RUNNING["claimed"] = None
+        if RUNNING.pop("run_dir_env", False):
+            os.environ.pop(_RUN_DIR_ENV, None)
 
 
 #: What each subcommand does, in ``fl-lightning --help`` and atop its own ``--help``.
 SUBCOMMAND_HELP = {
-    "fit": "Train a federation and write its results into its run directory (--trainer.default_root_dir).",
+    "fit": "Train a federation and write its results into its run directory (a new runs/<config name>/version_N, "
+    "or --trainer.default_root_dir).",
     "validate": "Validate a trained global model on the validation data (--data.holdout_per_class or a DataSource's "
     "val; --ckpt_path <run dir>/checkpoints/last.ckpt).",
     "test": "Test a trained global model on the test data (--ckpt_path <run dir>/checkpoints/last.ckpt).",
@@ -482,11 +452,16 @@ SUBCOMMAND_HELP = {
 
 
 def _parser_kwargs() -> dict[str, Any]:
-    # Raise parse errors instead of printing the usage wall, so that main() can print the one line that matters.
+    # Raise parse errors instead of printing the usage wall, so that main() can print the one line that matters; an
+    # option is taken only by its whole name (`--federation.round` is refused, not read as `--federation.rounds`).
     return {
         "exit_on_error": False,
+        "allow_abbrev": False,
         "description": "fl_lightning: federated learning on non-IID data with PyTorch Lightning.",
-        **{sub: {"exit_on_error": False, "description": SUBCOMMAND_HELP[sub]} for sub in FLCLI.subcommands()},
+        **{
+            sub: {"exit_on_error": False, "allow_abbrev": False, "description": SUBCOMMAND_HELP[sub]}
+            for sub in FLCLI.subcommands()
+        },
     }
 
 

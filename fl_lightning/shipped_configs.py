@@ -135,12 +135,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"copied {len(copied)} config(s) into {args.copy}" + (f"; kept {len(kept)} existing" if kept else ""))
         return 0
     if args.names:
-        paths = [find_config(name) for name in args.names]
-        for name, path in zip(args.names, paths, strict=True):
+        paths: list[Path] = []
+        for name in args.names:
+            path = find_config(name)
             if path is None:
                 raise _not_shipped(name, "configs")
+            paths.append(path)
         for path in paths:
-            sys.stdout.write(path.read_text(encoding="utf-8"))  # type: ignore[union-attr]
+            sys.stdout.write(path.read_text(encoding="utf-8"))
         return 0
     root = config_dir()
     names = config_names()

@@ -336,7 +336,7 @@ def figures(monkeypatch):
 def test_curves_label_the_first_and_last_round(tmp_path, figures):
     # Before: a 20-round curve ticked 3, 6, ..., 18.
     from fl_lightning.core.plots import plot_curve
-    from fl_lightning.experiments.report import plot_class_heatmap, plot_curves
+    from fl_lightning.experiments.figures import plot_class_heatmap, plot_curves
 
     plot_curve(list(range(1, 21)), [0.5] * 20, tmp_path / "c.png")
     assert list(figures[-1].axes[0].get_xticks()) == [1, 5, 10, 15, 20]

@@ -60,6 +60,14 @@ class RunDirError(ValueError):
     """A run directory or checkpoint that a command must not use as asked; the message says what to do instead."""
 
 
+class RunDirInUse(RunDirError):
+    """A run directory that another process's fit holds (:func:`claim_run_dir`)."""
+
+
+class RunDirLost(RuntimeError):
+    """The run directory was removed (or replaced) while its run was writing into it: the run is lost."""
+
+
 @dataclass(frozen=True)
 class RunDirPlan:
     """What a fit does with its run directory.
@@ -197,7 +205,7 @@ def run_status(summary: Mapping[str, Any] | None) -> str:
         return status
     if summary.get("hostname") not in (None, os.uname().nodename):
         return status  # another machine's process: its pid says nothing here
-    # A summary without a pid predates the heartbeat; its writer cannot be checked, and is taken as gone.
+    # A summary without a pid names no writer to check; its writer is taken as gone.
     return status if pid_alive(summary.get("pid")) else "stale running"
 
 
@@ -263,12 +271,32 @@ def rounds_done(ckpt: Mapping[str, Any]) -> int:
 
 
 def checkpoint_diff(ckpt: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
-    """Differences between what a checkpoint was trained with and a new config: seed, method, network, data."""
+    """Differences between what a checkpoint was trained with and a new config: seed, method, network, data, rounds.
+
+    The one check of a resume's settings, for the command line (:func:`check_run_dir`, from the parsed config) and
+    for ``trainer.fit(..., ckpt_path=...)`` (the :class:`~fl_lightning.Federation` callback, from the live objects).
+
+    Args:
+        ckpt: the checkpoint (its ``hyper_parameters``, ``datamodule_hyper_parameters`` and the Federation callback's
+            state, whose ``settings`` are :meth:`FederatedServer.settings
+            <fl_lightning.core.server.FederatedServer.settings>`).
+        new: the new settings, nested as in ``config.yaml`` (``model.init_args``, ``data``, ``federation``,
+            ``seed_everything``); a key that ``new`` lacks is not compared, nor a value that is no plain data (an
+            object given in Python).
+
+    Returns:
+        One ``key: old -> new`` entry per differing key (``federation.rounds`` may grow).
+
+    >>> ckpt = {"callbacks": {"Federation": {"settings": {"rounds": 3, "lr_decay": 1.0}}}}
+    >>> checkpoint_diff(ckpt, {"federation": {"rounds": 5, "lr_decay": 0.9}})
+    ['federation.lr_decay: 1.0 -> 0.9']
+    """
     out = []
     fed = federation_state(ckpt)
     seed = new.get("seed_everything")
     if "seed" in fed and seed is not None and int(fed["seed"]) != int(seed):
         out.append(f"seed_everything: {fed['seed']} -> {seed}")
+    out += _settings_diff(fed.get("settings") or {}, new.get("federation") or {})
     model = new.get("model") or {}
     hparams = dict(ckpt.get("hyper_parameters") or {})
     class_path = hparams.pop("_class_path", None)
@@ -276,7 +304,7 @@ def checkpoint_diff(ckpt: Mapping[str, Any], new: Mapping[str, Any]) -> list[str
         out.append(f"model.class_path: {class_path} -> {model.get('class_path')}")
     init_args = model.get("init_args") or {} if isinstance(model, Mapping) else {}
     for key, value in sorted(hparams.items()):
-        if key.startswith("_") or key in _DERIVED or key not in init_args:
+        if key.startswith("_") or key in _DERIVED or key not in init_args or not _plain(init_args[key]):
             continue
         if not _same(value, init_args[key]):
             out.append(f"model.init_args.{key}: {value} -> {init_args[key]}")
@@ -284,11 +312,36 @@ def checkpoint_diff(ckpt: Mapping[str, Any], new: Mapping[str, Any]) -> list[str
     for key, value in sorted((ckpt.get("datamodule_hyper_parameters") or {}).items()):
         if key.startswith("_") or key not in data or not is_science_key(f"data.{key}"):
             continue
-        if data[key] is None and f"data.{key}" in _DATA_DERIVED:
+        if (data[key] is None and f"data.{key}" in _DATA_DERIVED) or not _plain(data[key]):
             continue
         if not _same(value, data[key]):
             out.append(f"data.{key}: {value} -> {data[key]}")
     return out
+
+
+def _settings_diff(saved: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """The federation settings (``federation.<key>``) that differ; the rounds may grow."""
+    out = []
+    for key, value in sorted(saved.items()):
+        if key not in new or not is_science_key(f"federation.{key}"):
+            continue
+        cur = new[key]
+        if key == "rounds" and isinstance(value, int) and isinstance(cur, int) and cur >= value:
+            continue
+        if not _same(value, cur):
+            out.append(f"federation.{key}: {value} -> {cur}")
+    return out
+
+
+def _plain(value: Any) -> bool:
+    """Whether a value is plain data (what a config holds), that a checkpoint's copy can be compared with."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    if isinstance(value, Mapping):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    return False
 
 
 def check_fresh_run_dir(run_dir: str | os.PathLike[str]) -> None:
@@ -392,7 +445,7 @@ def _check_resume(
         raise RunDirError(f"{run_dir} holds a diverged run; there is nothing to resume (pass --overwrite to rerun it)")
     finished = isinstance(rounds, int) and 0 < rounds <= done
     same_rounds = isinstance(rounds, int) and summary and rounds <= int(summary.get("rounds", 0))
-    if status == "completed" and same_rounds and not (finished and _missing_files(run_dir, new_config)):
+    if status == "completed" and summary and same_rounds and not (finished and _missing_files(run_dir, new_config)):
         raise RunDirError(
             f"{run_dir} holds a completed run of {summary.get('rounds')} rounds; there is nothing to resume "
             "(raise --federation.rounds to extend it, or pass --overwrite to rerun it)"
@@ -401,14 +454,40 @@ def _check_resume(
         # Lightning trains nothing once max_epochs is reached; the Federation callback completes the record instead
         # (and says so).
         return RunDirPlan("finish", run_dir, ckpt=ckpt_file)
-    return RunDirPlan("resume", run_dir, ckpt=ckpt_file)
+    return RunDirPlan("resume", run_dir, ckpt=ckpt_file, message=extension_note(summary, saved, rounds, done))
+
+
+def extension_note(summary: Mapping[str, Any] | None, saved: Mapping[str, Any] | None, rounds: Any, done: int) -> str:
+    """The line a resume that raises a run's rounds says before it starts (``""`` when it raises none).
+
+    Args:
+        summary: the run's ``summary.json`` (its status and rounds), or None.
+        saved: the run's saved config (its ``federation.rounds``), or None.
+        rounds: the rounds the resume asks for.
+        done: the rounds the checkpoint has done.
+
+    >>> extension_note({"status": "completed", "rounds": 3}, None, 20, 3)
+    'extending a completed run from 3 to 20 rounds: rounds 4-20 are trained, and its results rewritten'
+    >>> extension_note({"status": "interrupted", "rounds": 3}, None, 3, 2)
+    ''
+    """
+    planned = (summary or {}).get("rounds")
+    if not isinstance(planned, int):
+        planned = ((saved or {}).get("federation") or {}).get("rounds")
+    if not isinstance(rounds, int) or not isinstance(planned, int) or rounds <= planned:
+        return ""
+    what = "a completed run" if (summary or {}).get("status") == "completed" else "the run"
+    return (
+        f"extending {what} from {planned} to {rounds} rounds: rounds {done + 1}-{rounds} are trained, and its "
+        "results rewritten"
+    )
 
 
 def _missing_files(run_dir: Path, config: Mapping[str, Any]) -> list[str]:
     """The files a finished run lacks (a fault during its final writes, or deleted since)."""
-    wanted = ["summary.json", "metrics.csv"]
+    wanted = ["summary.json", "metrics.csv", "config.yaml", "partition.csv"]
     if (config.get("federation") or {}).get("plots", True):
-        wanted.append("curve.png")
+        wanted += ["curve.png", "partition.png"]
     return [name for name in wanted if not (run_dir / name).exists()]
 
 
@@ -495,7 +574,7 @@ def claim_run_dir(run_dir: str | os.PathLike[str]) -> Path:
         except BlockingIOError:
             holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
             os.close(fd)
-            raise RunDirError(
+            raise RunDirInUse(
                 f"{run_dir} is in use by another fit (pid {holder}); wait for it to end or stop it, "
                 "or choose another --trainer.default_root_dir"
             ) from None
@@ -556,3 +635,55 @@ class RunDirClaim:
         if self.run_dir is not None:
             release_run_dir(self.run_dir)
             self.run_dir = None
+
+
+class RunDirWatch:
+    """Tells when a run directory is removed, or replaced by another of the same name, while its run writes into it.
+
+    From :meth:`open` on it holds the directory open, so that a directory made in its place (by a write that creates
+    its parents) is told apart from it.
+
+    >>> import tempfile
+    >>> watch = RunDirWatch(Path(tempfile.mkdtemp()))
+    >>> watch.open()
+    >>> watch.run_dir.rmdir()
+    >>> watch.check()
+    Traceback (most recent call last):
+    ...
+    fl_lightning.core.rundir.RunDirLost: the run directory ... was removed during the run; the run is lost
+    >>> watch.close()
+    """
+
+    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
+        self.run_dir = Path(run_dir)
+        self._fd: int | None = None
+
+    def open(self) -> None:
+        """Start watching the directory, which must exist (else :class:`RunDirLost`); nothing if already watching."""
+        if self._fd is not None:
+            return
+        try:
+            self._fd = os.open(self.run_dir, os.O_RDONLY | os.O_DIRECTORY)
+        except FileNotFoundError as err:
+            raise self.lost() from err
+
+    def check(self) -> None:
+        """Raise :class:`RunDirLost` if the watched directory is no longer at its path (nothing when not watching)."""
+        if self._fd is None:
+            return
+        try:
+            same = os.path.samestat(os.fstat(self._fd), os.stat(self.run_dir))
+        except OSError:
+            same = False
+        if not same:
+            raise self.lost()
+
+    def lost(self) -> RunDirLost:
+        """The error that says the run directory is gone."""
+        return RunDirLost(f"the run directory {self.run_dir} was removed during the run; the run is lost")
+
+    def close(self) -> None:
+        """Stop watching."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

@@ -392,6 +392,26 @@ class _Terminated(KeyboardInterrupt):
     """SIGTERM, raised where Ctrl-C would be."""
 
 
+def _held_elsewhere(log: Path, start: int) -> str | None:
+    """The refusal of a fit whose run directory another process held (from its log, written from ``start``), or None.
+
+    >>> import tempfile; path = Path(tempfile.mkdtemp()) / "stdout.log"
+    >>> _ = path.write_text("error: runs/x is in use by another fit (pid 7); wait for it to end or stop it")
+    >>> _held_elsewhere(path, 0)
+    'runs/x is in use by another fit (pid 7)'
+    """
+    try:
+        with open(log, errors="replace") as f:
+            f.seek(start)
+            text = f.read()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("error: ") and " is in use by another fit" in line:
+            return line.removeprefix("error: ").split(";")[0]
+    return None
+
+
 def _interrupt(signum: int, frame: object) -> None:
     """SIGTERM handler: stop the comparison as Ctrl-C does."""
     raise _Terminated
@@ -444,6 +464,7 @@ def run_comparison(spec: CompareSpec, dry_run: bool = False, report_only: bool =
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
         log_path = run.run_dir.parent / f"{run.run_dir.name}.stdout.log" if action == "rerun" else None
         with open(log_path or run.run_dir / "stdout.log", "a") as log:
+            start = log.tell()
             with lock:
                 if stopping.is_set():
                     return run, "not started (the comparison was interrupted)"
@@ -452,11 +473,17 @@ def run_comparison(spec: CompareSpec, dry_run: bool = False, report_only: bool =
             code = proc.wait()
             with lock:
                 fits.discard(proc)
+        held = _held_elsewhere(Path(log.name), start) if code == 2 else None
+        if held is not None:  # another process's fit claimed the directory after the check above
+            if log_path is not None:
+                log_path.unlink(missing_ok=True)  # it holds only the refusal
+            return run, held
         if log_path is not None and run.run_dir.is_dir():
             os.replace(log_path, run.run_dir / "stdout.log")
         return run, code
 
     failures = []
+    elsewhere = []  # runs that another process (a second comparison, a fit) was running
     pool = ThreadPoolExecutor(max_workers=spec.jobs)
     # SIGTERM (``kill``, a scheduler, a background job's end) stops the comparison the way Ctrl-C does, so that its
     # fits are never left running without it.
@@ -477,7 +504,9 @@ def run_comparison(spec: CompareSpec, dry_run: bool = False, report_only: bool =
                 f"({time.time() - started:.0f}s elapsed)",
                 flush=True,
             )
-            if code not in (0, 3):  # a diverged run (exit code 3) is a result
+            if isinstance(code, str) and " is in use by another fit" in code:
+                elsewhere.append(run)
+            elif code not in (0, 3):  # a diverged run (exit code 3) is a result
                 failures.append(run)
     except KeyboardInterrupt as stop:
         # Ctrl-C or SIGTERM: start no other fit, stop those running (SIGTERM reaches a fit in the background too,
@@ -495,6 +524,13 @@ def run_comparison(spec: CompareSpec, dry_run: bool = False, report_only: bool =
     report_dir = write_spec_report(spec)
     if spec.wandb and not dry_run:
         _log_report_to_wandb(spec, report_dir)
+    if elsewhere:
+        names = ", ".join(f"{r.setting}/{r.method}/seed{r.seed}" for r in elsewhere)
+        print(
+            f"[compare] {len(elsewhere)} run(s) were being run by another process (another comparison on this output "
+            f"folder, or a fit): {names}; run again once it has ended to include them",
+            flush=True,
+        )
     if failures:
         names = ", ".join(f"{r.setting}/{r.method}/seed{r.seed}" for r in failures)
         print(

@@ -1,0 +1,260 @@
+"""The command line's arguments before the parser reads them, and what a parser's refusal of one should say.
+
+Configs and methods by name (``--config quickstart``, ``--model fedntd``), a data source by class path, a config
+file's YAML checked with its line, the logger packages a command needs, the default run location
+(:func:`run_base`) and the closest option to a misspelt one (:func:`closest_option`). Used by
+:mod:`fl_lightning.lightning_cli`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import importlib.util
+import re
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import yaml
+
+from fl_lightning import (
+    methods,  # registers the methods so that `--model FedNTD` resolves; `--model fedntd` goes through METHODS
+    shipped_configs,
+)
+
+#: The subcommands whose section a config file may hold its settings under (``fit: {trainer: ...}``).
+_SUBCOMMANDS = ("fit", "validate", "test")
+
+
+def tensorboard_save_dir(argv: list[str]) -> list[str]:
+    """``--trainer.logger TensorBoardLogger`` alone: give it the placeholder save_dir ``.`` (the run directory).
+
+    TensorBoardLogger requires a save_dir when the arguments are parsed, before the run directory is known.
+    """
+    for i, arg in enumerate(argv[:-1]):
+        given = any(a.startswith("--trainer.logger.save_dir") for a in argv)
+        if arg == "--trainer.logger" and argv[i + 1].rsplit(".", 1)[-1] == "TensorBoardLogger" and not given:
+            return [*argv[: i + 2], "--trainer.logger.save_dir", ".", *argv[i + 2 :]]
+    return argv
+
+
+def named_configs(argv: list[str]) -> list[str]:
+    """``--config NAME``: a file as it is, else the shipped config of that name (:mod:`~fl_lightning.shipped_configs`).
+
+    Raises:
+        FileNotFoundError: neither a file nor a shipped config's name.
+    """
+    out = list(argv)
+    for i, arg in enumerate(out):
+        if arg in ("--config", "-c") and i + 1 < len(out):
+            out[i + 1] = shipped_configs.resolve_config_arg(out[i + 1], arg)
+            check_yaml(out[i + 1], arg)
+        elif arg.startswith("--config="):
+            out[i] = "--config=" + shipped_configs.resolve_config_arg(arg.split("=", 1)[1], "--config")
+            check_yaml(out[i].split("=", 1)[1], "--config")
+    return out
+
+
+def check_yaml(value: str, option: str = "--config") -> None:
+    """Refuse a config file that is not valid YAML, naming the file, the line and the column.
+
+    Raises:
+        ValueError: the file does not parse; the message says where and why.
+    """
+    path = Path(value)
+    if not path.is_file():
+        return  # an inline config: jsonargparse reports it
+    try:
+        yaml.safe_load(path.read_text())
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        reason = " ".join(part for part in (err.context, err.problem) if part)
+        raise ValueError(f"{option} {value}: not valid YAML{where}: {reason}") from err
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        raise ValueError(f"{option} {value}: cannot be read as YAML ({err})") from err
+
+
+def _config_data(value: str) -> Any:
+    """What a ``--config`` (or ``--trainer``) value holds: the file's YAML, or the value itself read as YAML."""
+    try:
+        text = Path(value).read_text() if Path(value).is_file() else value
+        return yaml.safe_load(text)
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+
+
+def _names_run_dir(data: Any) -> bool:
+    """Whether a config (nested dict, at the top or under a subcommand) sets ``trainer.default_root_dir``."""
+    if not isinstance(data, dict):
+        return False
+    trainer = data.get("trainer")
+    if isinstance(trainer, dict) and trainer.get("default_root_dir") is not None:
+        return True
+    return any(_names_run_dir(data.get(sub)) for sub in _SUBCOMMANDS)
+
+
+def _is_shipped(value: str) -> bool:
+    """Whether a ``--config`` file is one of the shipped configs (:func:`~fl_lightning.shipped_configs.config_dir`)."""
+    try:
+        return Path(value).resolve().is_relative_to(shipped_configs.config_dir().resolve())
+    except OSError:
+        return False
+
+
+def run_base(argv: list[str]) -> Path | None:
+    """Where a fit's run directories go when the command names none: ``runs/<config name>``, else ``runs/default``.
+
+    Each fresh fit there takes a new ``version_N`` folder (:func:`fl_lightning.core.versions.claim_new_version`),
+    so that runs of other methods, seeds or settings never meet. None when the run directory is named: by
+    ``--trainer.default_root_dir`` on the command line, or by a config file of the user's (a run's own saved
+    ``config.yaml`` among them). A shipped config's ``default_root_dir`` (``runs/<its name>``) names no directory of
+    the user's: it is the default location.
+
+    >>> run_base(["fit"]), run_base(["fit", "--trainer.default_root_dir", "runs/mine"])
+    (PosixPath('runs/default'), None)
+    """
+    name = None
+    for i, arg in enumerate(argv):
+        option, _, value = arg.partition("=")
+        if option in ("--trainer.default_root_dir", "--fit.trainer.default_root_dir"):
+            return None
+        if not value and i + 1 < len(argv):
+            value = argv[i + 1]
+        if option == "--trainer" and _names_run_dir({"trainer": _config_data(value)}):
+            return None
+        if option in ("--config", "-c") and value:
+            if not _is_shipped(value) and _names_run_dir(_config_data(value)):
+                return None
+            if name is None and Path(value).suffix in (".yaml", ".yml", ".json"):
+                name = Path(value).stem
+    return Path("runs") / (name or "default")
+
+
+def method_class_path(value: str, option: str = "--model") -> str:
+    """A method named as in the results (``fedntd``, ``FedNTD``, ``fedlmd_tf``; any case) as its class path.
+
+    A class path (``mypkg.MyMethod``), an inline class config (``{"class_path": ...}``) or the name of another
+    imported ``LightningModule`` subclass is returned unchanged; an unknown name is refused with the closest method's
+    name.
+
+    >>> method_class_path("fedntd"), method_class_path("FedLMD-Tf")
+    ('fl_lightning.methods.FedNTD', 'fl_lightning.methods.FedLMDTf')
+    """
+    if not value or "." in value or not value.replace("_", "").replace("-", "").isalnum():
+        return value
+
+    def key(name: str) -> str:
+        return name.lower().replace("_", "").replace("-", "")
+
+    by_key: dict[str, type] = {}
+    for short, cls in methods.METHODS.items():
+        by_key.setdefault(key(short), cls)
+        by_key.setdefault(key(cls.__name__), cls)
+    method = by_key.get(key(value))
+    if method is not None:
+        return f"{method.__module__}.{method.__qualname__}"
+    if any(sub.__name__ == value for sub in _subclasses(L.LightningModule)):
+        return value  # a module of your own that is imported: jsonargparse resolves it by name
+    close = difflib.get_close_matches(key(value), list(by_key), n=1, cutoff=0.5)
+    names = {key(short): short for short in methods.METHODS}
+    hint = f"did you mean {names.get(close[0], by_key[close[0]].__name__)}? " if close else ""
+    raise ValueError(
+        f"{option} {value}: unknown method; {hint}The methods are {', '.join(methods.METHODS)} (any case), "
+        f"or give a class path such as mypkg.MyMethod"
+    )
+
+
+def _subclasses(cls: type) -> list[type]:
+    found: list[type] = []
+    direct: list[type] = type.__subclasses__(cls)
+    for sub in direct:
+        found += [sub, *_subclasses(sub)]
+    return found
+
+
+def method_names(argv: list[str]) -> list[str]:
+    """``--model fedntd`` (and ``--model.help fedntd``) with the method's class path."""
+    out = list(argv)
+    options = ("--model", "--model.class_path", "--model.help")
+    for i, arg in enumerate(out):
+        if arg in options and i + 1 < len(out):
+            out[i + 1] = method_class_path(out[i + 1], arg)
+        elif "=" in arg and arg.split("=", 1)[0] in options:
+            option, value = arg.split("=", 1)
+            out[i] = f"{option}={method_class_path(value, option)}"
+    return out
+
+
+def data_source_paths(argv: list[str]) -> list[str]:
+    """``--data.dataset mypkg.MyData``: a class path (the built-in datasets' names have no dot) as a ``DataSource``.
+
+    The option also takes a dataset's name, as which jsonargparse would otherwise take the class path.
+    """
+    out = list(argv)
+    for i, arg in enumerate(out):
+        if arg == "--data.dataset" and i + 1 < len(out) and _CLASS_PATH.fullmatch(out[i + 1]):
+            out[i] = "--data.dataset.class_path"
+        elif arg.startswith("--data.dataset=") and _CLASS_PATH.fullmatch(arg.split("=", 1)[1]):
+            out[i] = "--data.dataset.class_path=" + arg.split("=", 1)[1]
+    return out
+
+
+_CLASS_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
+
+
+#: Loggers whose package is optional: the module to import and what to ``pip install``.
+_LOGGER_PACKAGES = {
+    "WandbLogger": (("wandb",), "wandb"),
+    "TensorBoardLogger": (("tensorboard", "tensorboardX"), "tensorboard"),
+    "CometLogger": (("comet_ml",), "comet-ml"),
+    "MLFlowLogger": (("mlflow",), "mlflow"),
+    "NeptuneLogger": (("neptune",), "neptune"),
+}
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def check_logger_package(logger: str) -> None:
+    """Refuse a logger whose package is not installed, naming the ``pip install`` to run."""
+    name = logger.rsplit(".", 1)[-1]
+    modules, package = _LOGGER_PACKAGES.get(name, ((), ""))
+    if modules and not any(_installed(m) for m in modules):
+        extra = f" (or pip install 'fl_lightning[{package}]')" if package in ("wandb", "tensorboard") else ""
+        raise ValueError(f"--trainer.logger {name} needs the {package} package: pip install {package}{extra}")
+
+
+def check_logger_packages(argv: list[str]) -> None:
+    """Refuse each ``--trainer.logger`` of the command line whose package is not installed."""
+    for i, arg in enumerate(argv):
+        if arg == "--trainer.logger" and i + 1 < len(argv):
+            check_logger_package(argv[i + 1])
+        elif arg.startswith("--trainer.logger="):
+            check_logger_package(arg.split("=", 1)[1])
+
+
+def closest_option(message: str, parser: argparse.ArgumentParser) -> str | None:
+    """``did you mean --x?`` for the first unknown option that a parser's ``unrecognized arguments`` names, else None.
+
+    The closest of the parser's options by spelling, first among those of the same group (``--federation.*``).
+    """
+    if not message.startswith("unrecognized arguments:"):
+        return None
+    known = [option for option in parser._option_string_actions if option.startswith("--")]
+    for token in message.split(":", 1)[1].split():
+        option = token.split("=", 1)[0]
+        if not option.startswith("--") or option in known:
+            continue
+        group = option.rsplit(".", 1)[0] + "." if "." in option else "--"
+        for candidates in ([k for k in known if k.startswith(group)], known):
+            close = difflib.get_close_matches(option, candidates, n=1, cutoff=0.6)
+            if close:
+                return f"did you mean {close[0]}?"
+        return None
+    return None

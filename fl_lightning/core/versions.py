@@ -1,0 +1,80 @@
+"""Run directories by version: a new ``<base>/version_N`` for every fresh fit, found again by its settings.
+
+A fit whose command names no run directory writes into a new version folder under its default location
+(``runs/<config name>``), Lightning's own convention, so that runs of other methods, seeds or settings never meet;
+a resume finds the newest version of the same experiment (:func:`matching_version`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from fl_lightning.core.rundir import (
+    LOCK_NAME,
+    RunDirError,
+    RunDirInUse,
+    claim_run_dir,
+    read_config,
+    release_run_dir,
+    science_diff,
+)
+
+#: The folders under a run location, one per fit: ``version_0``, ``version_1``, ... (Lightning's own convention).
+VERSION_PREFIX = "version_"
+
+
+def versions(base: str | os.PathLike[str]) -> list[Path]:
+    """The ``version_N`` folders under ``base``, by N (none when ``base`` does not exist)."""
+    found = []
+    base = Path(base)
+    if base.is_dir():
+        for path in base.iterdir():
+            number = path.name.removeprefix(VERSION_PREFIX)
+            if path.name.startswith(VERSION_PREFIX) and number.isdigit() and path.is_dir():
+                found.append((int(number), path))
+    return [path for _, path in sorted(found)]
+
+
+def claim_new_version(base: str | os.PathLike[str]) -> Path:
+    """Claim (:func:`claim_run_dir`) a new, empty ``base/version_N``, N one past the highest there, and return it.
+
+    Two fits that start at once never get the same folder: one that finds its candidate claimed or written by the
+    other takes the next number. Undo with :func:`release_run_dir`, which removes the folder again while it is empty.
+
+    Raises:
+        RunDirError: ``base`` cannot be written.
+    """
+    existing = versions(base)
+    first = int(existing[-1].name.removeprefix(VERSION_PREFIX)) + 1 if existing else 0
+    for number in range(first, first + 1000):
+        candidate = Path(base) / f"{VERSION_PREFIX}{number}"
+        if candidate.exists():
+            continue
+        try:
+            claim_run_dir(candidate)
+        except RunDirInUse:
+            continue
+        if any(path.name != LOCK_NAME for path in candidate.iterdir()):  # another fit wrote there in between
+            release_run_dir(candidate)
+            continue
+        return candidate
+    raise RunDirError(f"no free version folder in {base}; choose a --trainer.default_root_dir")
+
+
+def matching_version(base: str | os.PathLike[str], new_config: Mapping[str, Any]) -> Path | None:
+    """The newest ``version_N`` under ``base`` whose saved ``config.yaml`` is the same experiment as ``new_config``.
+
+    The same experiment: no science key differs (:func:`science_diff`; the rounds may grow). None when no version
+    matches (or none has a readable config).
+    """
+    for path in reversed(versions(base)):
+        try:
+            saved = read_config(path / "config.yaml")
+        except RunDirError:
+            continue
+        if saved is not None and not science_diff(saved, new_config):
+            return path
+    return None

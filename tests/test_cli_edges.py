@@ -1,0 +1,402 @@
+"""The command line at its edges (issue 47): signals while it starts and ends, a default run location where runs never
+meet, typos and broken YAML refused with the fix, value errors before the directory check, and a set-up that runs pip
+only when something changed.
+
+Each test names what a user got before.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import quickstart_fit_args, read_metrics, read_summary
+
+from fl_lightning import cli
+from fl_lightning.cli import EXIT_CODES, run
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "WANDB_MODE": "offline"}
+#: A tiny quickstart fit without a run directory: it goes to the default location.
+TINY = ["--data.num_clients", "2", "--federation.local_epochs", "1", "--trainer.enable_progress_bar", "false"]
+CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def err_lines(capsys) -> list[str]:
+    return capsys.readouterr().err.strip().splitlines()
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    """A completed 1-round run in its own directory, made once; tests that change it work on a copy."""
+    run_dir = tmp_path_factory.mktemp("finished") / "run"
+    assert run(quickstart_fit_args(run_dir, rounds=1)) == 0
+    return run_dir
+
+
+@pytest.fixture
+def done(finished, tmp_path) -> Path:
+    copy = tmp_path / "run"
+    shutil.copytree(finished, copy)
+    return copy
+
+
+# ---- 3, 4. a signal while the command starts or ends ----------------------------------------------------------------
+
+
+def _wait_for_torch(pid: int, timeout: float = 60) -> None:
+    """Until the process has started loading torch's libraries: the middle of the start-up imports."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            if "libtorch" in Path(f"/proc/{pid}/maps").read_text():
+                return
+        except OSError:
+            return
+        time.sleep(0.01)
+
+
+COMMANDS = {
+    "cli.py": [sys.executable, "cli.py"],
+    # what pip's `fl-lightning` script runs
+    "fl-lightning": [sys.executable, "-c", "import sys; from fl_lightning.cli import main; sys.exit(main())"],
+}
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/<pid>/maps")
+@pytest.mark.parametrize("command", list(COMMANDS))
+@pytest.mark.parametrize(
+    ("sig", "line"),
+    [
+        (
+            signal.SIGTERM,
+            "error: stopped by SIGTERM before training started; nothing was recorded: run the same command again",
+        ),
+        (signal.SIGINT, "error: interrupted before training started; nothing was recorded: run the same command again"),
+    ],
+    ids=["SIGTERM", "SIGINT"],
+)
+def test_signal_during_start_up_imports_exits_4_with_one_line(tmp_path, command, sig, line):
+    # Before: SIGTERM while torch and Lightning were imported exited 143 without a word, Ctrl-C printed an import
+    # traceback and exited 130.
+    args = quickstart_fit_args(tmp_path / "r")
+    proc = subprocess.Popen([*COMMANDS[command], *args], cwd=ROOT, env=ENV, stderr=subprocess.PIPE, text=True)
+    _wait_for_torch(proc.pid)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == EXIT_CODES["interrupted"], err
+    assert err.strip().splitlines() == [line]
+    assert not (tmp_path / "r").exists()
+
+
+def test_importing_the_command_line_loads_neither_torch_nor_lightning():
+    # Its signal handlers must be in place before those imports (pip's `fl-lightning` script imports it first).
+    code = "import sys, fl_lightning.cli; print(' '.join(sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert not {m.split(".")[0] for m in out.stdout.split()} & {"torch", "lightning", "jsonargparse"}
+
+
+def test_repeated_ctrl_c_at_the_end_keeps_the_runs_exit_code(tmp_path):
+    # Before: Ctrl-C pressed again and again (as a terminal sends it to the whole process group) while the run wrote
+    # its final files ended the process by SIGINT (130, "KeyboardInterrupt" in an atexit callback of torch).
+    run_dir = tmp_path / "r"
+    env = {**ENV, "FL_LIGHTNING_FAULT": "during-final-writes:SIGINT"}
+    proc = subprocess.Popen(
+        [sys.executable, "cli.py", *quickstart_fit_args(run_dir, rounds=2)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    assert proc.stdout is not None
+    out = b""
+    while b"round 2/2" not in out:
+        chunk = os.read(proc.stdout.fileno(), 65536)
+        if not chunk:
+            break
+        out += chunk
+    sent = 0
+    while proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        sent += 1
+        time.sleep(0.01)
+    text = (out + proc.stdout.read()).decode()
+    assert sent > 0
+    status = read_summary(run_dir)["status"]
+    assert status in ("completed", "interrupted")
+    assert proc.returncode == EXIT_CODES[status], text
+    assert "Traceback" not in text and "Exception ignored" not in text
+
+
+def test_main_from_python_restores_the_signal_handlers():
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit):
+        cli.main(["--version"])
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+# ---- 8, 13. a default run location where runs never meet ------------------------------------------------------------
+
+
+def test_help_examples_run_in_order_each_in_a_new_version(tmp_path, monkeypatch, capsys):
+    # Before: the second example of `fl-lightning --help` exited 2: "runs/quickstart already holds a completed run".
+    monkeypatch.chdir(tmp_path)
+    assert run(["fit", "--config", "quickstart", *TINY, "--federation.rounds", "1"]) == 0
+    assert run(["fit", "--config", "quickstart", *TINY, "--model", "fedntd", "--federation.rounds", "1"]) == 0
+    base = tmp_path / "runs" / "quickstart"
+    assert sorted(p.name for p in base.iterdir()) == ["version_0", "version_1"]
+    assert read_summary(base / "version_0")["method"] == "fedavg"
+    assert read_summary(base / "version_1")["method"] == "fedntd"
+    err = capsys.readouterr().err
+    assert f"[fl_lightning] a new run in {Path('runs/quickstart/version_1')}" in err
+
+    # --ckpt_path last resumes the newest run of the same settings (FedAvg's, not the newer FedNTD run) ...
+    assert run(["fit", "--config", "quickstart", *TINY, "--federation.rounds", "2", "--ckpt_path", "last"]) == 0
+    assert [row["round"] for row in read_metrics(base / "version_0")] == ["1", "2"]
+    assert "extending a completed run from 1 to 2 rounds" in capsys.readouterr().err
+    # ... and starts a new version when no run has these settings
+    assert run(["fit", "--config", "quickstart", *TINY, "--seed_everything", "7", "--ckpt_path", "last",
+                "--federation.rounds", "1"]) == 0  # fmt: skip
+    assert read_summary(base / "version_2")["seed"] == 7
+    assert "no run of these settings in runs/quickstart to resume: a new run in" in capsys.readouterr().err
+    # --overwrite has nothing to replace in a new version: nothing is moved aside
+    assert run(["fit", "--config", "quickstart", *TINY, "--federation.rounds", "1"], overwrite=True) == 0
+    assert sorted(p.name for p in base.iterdir()) == [f"version_{n}" for n in range(4)]
+
+
+def test_a_named_run_directory_is_used_as_given(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert run(["fit", "--config", "quickstart", *TINY, "--federation.rounds", "1", "--trainer.default_root_dir",
+                "mine"]) == 0  # fmt: skip
+    assert read_summary(tmp_path / "mine")["status"] == "completed"
+    # the run's own config names its directory: --config of it resumes there, not in a new version
+    saved = str(tmp_path / "mine" / "config.yaml")
+    assert run(["fit", "--config", saved, "--federation.rounds", "2", "--ckpt_path", "last"]) == 0
+    assert read_summary(tmp_path / "mine")["rounds_done"] == 2
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_refused_fit_leaves_no_version_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert run(["fit", "--config", "quickstart", *TINY, "--data.alpha", "0"]) == EXIT_CODES["bad input"]
+    assert not (tmp_path / "runs").exists()
+
+
+def test_extending_a_completed_run_says_so_before_it_starts(done, capsys):
+    # Before: a 1-round run resumed with 2 rounds was extended, and its results rewritten, without a word.
+    assert run(quickstart_fit_args(done, "--ckpt_path", "last", rounds=2)) == 0
+    err = capsys.readouterr().err
+    note = "[fl_lightning] extending a completed run from 1 to 2 rounds: rounds 2-2 are trained, and its results"
+    assert note in err
+
+
+# ---- 6. a completed run with a file missing is finished by the resume -----------------------------------------------
+
+
+@pytest.mark.parametrize("missing", ["config.yaml", "partition.csv"])
+def test_completed_run_missing_a_file_is_finished_by_the_resume(done, missing):
+    # Before: "holds a completed run ... nothing to resume" (exit 2), the file left missing.
+    (done / missing).unlink()
+    assert run(quickstart_fit_args(done, "--ckpt_path", "last", rounds=1)) == 0
+    assert (done / missing).is_file() and read_summary(done)["status"] == "completed"
+
+
+# ---- 9, 10. typos and broken YAML ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("typo", "closest"),
+    [("--federation.round", "--federation.rounds"), ("--federation.sample_rate", "--federation.sample_ratio")],
+)
+def test_a_misspelt_option_is_refused_with_the_closest(tmp_path, capsys, typo, closest):
+    # Before: `--federation.round 3` was taken as --federation.rounds (argparse's prefix matching), and
+    # `--federation.sample_rate` got no suggestion.
+    assert run(quickstart_fit_args(tmp_path / "r", typo, "1", rounds=1)) == EXIT_CODES["bad input"]
+    assert err_lines(capsys) == [f"error: unrecognized arguments: {typo} 1; did you mean {closest}?"]
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_misspelt_model_option_is_refused_with_the_closest(tmp_path, capsys):
+    assert run(quickstart_fit_args(tmp_path / "r", "--model", "fedntd", "--model.betta", "1")) == 2
+    assert err_lines(capsys) == ["error: --model.betta: FedNTD has no option betta; did you mean --model.beta?"]
+
+
+def test_a_yaml_syntax_error_names_the_file_and_line(tmp_path, capsys):
+    # Before: "Problems parsing config: while parsing a flow sequence ..." without the file or the line; with
+    # --debug it named "<unicode string>" and exited 1.
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("seed_everything: 1\ntrainer:\n  default_root_dir: [a, b\nfederation:\n  rounds: 2\n")
+    assert run(["fit", "--config", str(bad)]) == EXIT_CODES["bad input"]
+    (line,) = err_lines(capsys)
+    assert line.startswith(f"error: --config {bad}: not valid YAML at line 4, column 11: while parsing a flow")
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["fit", "--config", str(bad), "--debug"])
+    assert stop.value.code == EXIT_CODES["bad input"]  # --debug shows the traceback, with the same exit code
+    err = capsys.readouterr().err
+    assert "Traceback" in err and str(bad) in err
+
+
+# ---- 11, 12. value errors first; more CPU processes than cores -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--federation.rounds", "-5"], "error: rounds must be at least 1, got -5"),
+        (["--federation.sample_ratio", "0"], "error: sample_ratio must be in (0, 1], got 0.0"),
+        (["--data.dataset", "nope"], "error: unknown dataset 'nope'"),
+    ],
+    ids=["rounds", "sample_ratio", "dataset"],
+)
+def test_value_errors_come_before_the_directory_check(finished, capsys, extra, message):
+    # Before: with a run in the directory, each reported only "already holds a completed run".
+    assert run(quickstart_fit_args(finished, *extra, rounds=1)) == EXIT_CODES["bad input"]
+    assert err_lines(capsys)[-1].startswith(message)
+
+
+def test_more_cpu_devices_than_cores_is_said_in_one_warning(tmp_path):
+    # Before: `--trainer.devices 4` on a 2-core CPU started 4 processes without a word.
+    args = quickstart_fit_args(tmp_path / "r", "--trainer.accelerator", "cpu", "--trainer.devices", str(CORES + 1))
+    out = subprocess.run(
+        [sys.executable, "cli.py", *args, "--federation.rounds", "-5"],  # refused before anything starts
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == EXIT_CODES["bad input"]
+    assert out.stderr.strip().splitlines() == [
+        f"warning: --trainer.devices {CORES + 1} starts {CORES + 1} processes on {CORES} CPU cores: they take turns "
+        f"on the cores and each round is slower than with --trainer.devices {CORES} or fewer",
+        "error: rounds must be at least 1, got -5",
+    ]
+
+
+# ---- 14. a new user's other first commands -------------------------------------------------------------------------
+
+
+def test_compare_help_names_the_command_not_a_source_path(capsys):
+    # Before: "usage: cli.py compare" and "see fl_lightning/compare.py".
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["compare", "--help"])
+    assert stop.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: fl-lightning compare") and ".py" not in out
+
+
+def test_nan_learning_rate_is_refused_in_plain_words(tmp_path, capsys):
+    # Before: "--model.lr: expected float, got 'nan'".
+    assert run(quickstart_fit_args(tmp_path / "r", "--model.lr", "nan")) == EXIT_CODES["bad input"]
+    assert err_lines(capsys) == ["error: --model.lr: expected a finite float, got 'nan' (not a number)"]
+
+
+def _fake_venv(tmp_path: Path) -> tuple[Path, Path]:
+    """A virtual environment whose python and pip only write their arguments to a log."""
+    venv, log = tmp_path / "venv", tmp_path / "calls.log"
+    (venv / "bin").mkdir(parents=True)
+    for tool in ("python", "pip", "lint-imports"):
+        script = venv / "bin" / tool
+        script.write_text(f'#!/usr/bin/env bash\necho "{tool} $*" >> "{log}"\n')
+        script.chmod(0o755)
+    return venv, log
+
+
+@pytest.mark.parametrize("script", ["quickstart.sh", "test.sh"])
+def test_set_up_runs_pip_only_when_something_changed(tmp_path, script):
+    # Before: every `bash scripts/quickstart.sh` ran the pip steps again (19 s), installed torch's CUDA wheels
+    # wherever it ran, and replaced the last quickstart run (another runs/quickstart.replaced-* folder each time).
+    venv, log = _fake_venv(tmp_path)
+
+    def set_up(**env: str) -> list[str]:
+        log.unlink(missing_ok=True)
+        subprocess.run(
+            ["bash", f"scripts/{script}"], cwd=ROOT, env={**ENV, "VENV": str(venv), **env}, check=True, timeout=60
+        )
+        return log.read_text().splitlines()
+
+    first = set_up()
+    assert [line for line in first if line.startswith("pip ")] == [
+        "pip install -q --upgrade pip",
+        "pip install -q torch==2.14.1 torchvision==0.29.1",
+        "pip install -q -e .[dev]",
+    ]
+    again = set_up()
+    assert [line for line in again if line.startswith("pip ")] == []
+    if script == "quickstart.sh":
+        assert again == ["python cli.py fit --config configs/quickstart.yaml"]  # no --overwrite: a new version
+    cpu = set_up(TORCH_INDEX_URL="https://example.org/whl/cpu", TORCH_SPEC="/wheels/torch.whl")
+    assert "pip install -q --index-url https://example.org/whl/cpu /wheels/torch.whl" in cpu
+
+
+def test_help_says_where_runs_go(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    assert re.search(r"runs/<config name>/version_N", capsys.readouterr().out)
+
+
+# ---- 7. two comparisons on one output folder ------------------------------------------------------------------------
+
+
+def _hold(run_dir: str, held, done) -> None:
+    from fl_lightning.core.rundir import claim_run_dir, release_run_dir
+
+    claim_run_dir(run_dir)
+    held.set()
+    done.wait(120)
+    release_run_dir(run_dir)
+
+
+def test_compare_says_when_another_process_took_a_run_after_its_check(tmp_path, monkeypatch, capsys):
+    # Before: a second comparison whose fit found the run directory held (the other comparison's fit claimed it
+    # between this one's check and its fit) reported "digits/fedavg/seed0: completed (exit code 2)" and "did not
+    # finish ...; run again to retry", never that another process was running it.
+    import multiprocessing
+
+    import yaml
+
+    from fl_lightning.experiments import compare
+
+    base = yaml.safe_load((ROOT / "configs/quickstart.yaml").read_text())
+    base["data"]["num_clients"] = 2
+    base["federation"].update({"rounds": 1, "local_epochs": 1})
+    (tmp_path / "fedavg.yaml").write_text(yaml.safe_dump(base))
+    spec = {"name": "tiny", "output_dir": str(tmp_path / "out"), "methods": ["fedavg"], "seeds": [0]}
+    spec["settings"] = {"digits": str(tmp_path / "{method}.yaml")}
+    (tmp_path / "compare.yaml").write_text(yaml.safe_dump(spec))
+    run_dir = compare.CompareSpec.from_yaml(tmp_path / "compare.yaml").runs()[0].run_dir
+    monkeypatch.setattr(compare.Run, "in_use", lambda self: None)  # the other process claims it after this check
+    ctx = multiprocessing.get_context("fork")
+    held, done = ctx.Event(), ctx.Event()
+    holder = ctx.Process(target=_hold, args=(str(run_dir), held, done))
+    holder.start()
+    try:
+        assert held.wait(30)
+        assert compare.main(["--config", str(tmp_path / "compare.yaml")]) == 1
+    finally:
+        done.set()
+        holder.join(30)
+    out = capsys.readouterr().out
+    assert f"digits/fedavg/seed0: skipped: {run_dir} is in use by another fit (pid {holder.pid})" in out
+    assert "1 run(s) were being run by another process" in out
+    assert "exit code 2" not in out and "did not finish" not in out
+
+
+def test_a_value_error_during_the_rounds_is_a_failed_run(tmp_path, monkeypatch, capsys):
+    # Before: exit 2 ("nothing was run") for a run that had started and was recorded as failed.
+    from fl_lightning.federation import Federation
+
+    def broken(*_):
+        raise ValueError("a bad value met in round 1")
+
+    monkeypatch.setattr(Federation, "on_train_epoch_start", broken)
+    assert run(quickstart_fit_args(tmp_path / "r", rounds=1)) == EXIT_CODES["failed"]
+    assert read_summary(tmp_path / "r")["status"] == "failed"
+    assert err_lines(capsys)[-1] == "error: ValueError: a bad value met in round 1"
