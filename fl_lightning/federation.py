@@ -170,16 +170,17 @@ class Federation(Callback, FederatedServer):
         self.dm = dm = _checked_data(trainer, pl_module)
         run_dir = Path(trainer.default_root_dir)
         self.start_fit(run_dir / "client_state")  # a new fit starts afresh; a checkpoint restores the state
-        info = run_info(
-            trainer, pl_module, dm, sample_ratio=self.sample_ratio, local_epochs=self.local_epochs, seed=self.seed
-        )
-        self.recorder = RunRecorder(run_dir, info, self.plots, self.rounds)
+        info = run_info(trainer, pl_module, dm, **self.settings())
+        self._earlier_record, self.recorder = self.recorder, RunRecorder(run_dir, info, self.plots, self.rounds)
         if self._pending_state is not None:  # a checkpoint restored before setup (Lightning restores after it)
             self.load_state_dict(self._pending_state)
 
     @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Let each process train its clients on its own, move the server state to the device, choose the engine."""
+        """Refuse a Trainer's second fit; let each process train its clients alone, move the state, pick the engine."""
+        if trainer.current_epoch > 0 and trainer.ckpt_path is None:  # the Trainer's rounds are all run (or stopped)
+            self.recorder = self._earlier_record  # its run's record stands
+            self.check_new_fit(trainer.current_epoch, resuming=False)
         assert self.dm is not None and self.recorder is not None
         # DDP would average every local gradient across processes, i.e. mix different clients' steps. Clients train
         # independently; their weights are reduced once per round.
@@ -365,9 +366,11 @@ class Federation(Callback, FederatedServer):
 
     @override
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
-        """Refuse a checkpoint file that does not match its checksum, before a round runs from it."""
+        """Refuse a checkpoint file that does not match its checksum, or (a fit) one made with other settings."""
         if trainer.ckpt_path is not None and Path(trainer.ckpt_path).is_file():
             check_checkpoint_file(trainer.ckpt_path)
+        if self._stage == "fit" and self.dm is not None:  # before anything of the run is restored or written
+            self.check_resume(checkpoint, pl_module.hparams, self.dm.hparams)
 
     @override
     def state_dict(self) -> dict[str, Any]:

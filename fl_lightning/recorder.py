@@ -2,7 +2,9 @@
 
 The :class:`~fl_lightning.Federation` callback measures; :class:`RunRecorder` keeps the history, derives the
 papers' metrics from it (best accuracy, forgetting F), writes ``metrics.csv``/``summary.json``/PNGs atomically into
-the run directory (on rank 0 only) and sends the rows to the Trainer's loggers with the round as the step.
+the run directory (on rank 0 only) and sends the rows to the Trainer's loggers with the round as the step. It never
+creates the run directory (the fit that claims it does): a directory removed during the run ends it with a
+:class:`~fl_lightning.core.rundir.RunDirLost`, never a run recorded in a new directory of the same name.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import os
 import socket
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -32,7 +35,7 @@ from fl_lightning.core.evaluation import Evaluation
 from fl_lightning.core.files import is_disk_full, overwrite_in_place, remove_temporaries, write_text_atomic
 from fl_lightning.core.metrics import forgetting
 from fl_lightning.core.rounds import RoundState
-from fl_lightning.core.rundir import check_fresh_run_dir
+from fl_lightning.core.rundir import RunDirLost, RunDirWatch, check_fresh_run_dir
 from fl_lightning.core.state import ClientStateStore
 from fl_lightning.lightning_internals import step_only_logged_names
 
@@ -80,11 +83,13 @@ class RunRecorder:
         self.started = False
         self._written_status: str | None = None  # the status summary.json holds now
         self._measured: tuple[dict[str, float], np.ndarray] | None = None  # the round evaluated, to be recorded
+        self._watch = RunDirWatch(run_dir)  # from start() on, tells when the run directory is removed
 
     # ---- state ---------------------------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """What a resumed run needs to continue the record."""
+        """What a resumed run needs to continue the record (a checkpoint's: a RunDirLost if the directory is gone)."""
+        self._watch.check()  # before the checkpoint is written, which would create the directory anew
         state: dict[str, Any] = {
             "history": self.history,
             "class_acc_history": self.class_acc_history,
@@ -118,10 +123,14 @@ class RunRecorder:
             self.say(trainer, note)
 
     def start(self, trainer: L.Trainer) -> None:
-        """Mark the run as running (called once training really starts, after any checkpoint was accepted)."""
+        """Mark the run as running (called once training really starts, after any checkpoint was accepted).
+
+        The run directory must exist (the fit claimed it); from now on a write finds it removed with a
+        :class:`~fl_lightning.core.rundir.RunDirLost`.
+        """
         self.started = True
         if trainer.is_global_zero:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._watch.open()
             for folder in (self.run_dir, self.run_dir / "checkpoints", self.run_dir / "client_state"):
                 remove_temporaries(folder)  # what a killed earlier attempt left
             self._write_summary()
@@ -153,8 +162,9 @@ class RunRecorder:
             f"{row['round_seconds']:.1f}s",
         )
         if trainer.is_global_zero:
-            self._write_metrics()
-            self._write_summary()
+            with self._writing():
+                self._write_metrics()
+                self._write_summary()
         if int(row["round"]) >= self.total_rounds:
             faults.point("after-last-round")
         return row
@@ -211,17 +221,22 @@ class RunRecorder:
         try:
             # A signal now waits until the files are written: the run ends with one status, whole.
             held = f"the final files of the run ({status}) were written before it took effect"
-            with faults.deferred_signals(lambda names: self.say(trainer, f"{names} received: {held}")):
+            with faults.deferred_signals(lambda names: self.say(trainer, f"{names} received: {held}")), self._writing():
                 if status == "completed":
                     self._write_final_files(trainer)
                     self._write_summary()  # last: a run says completed only once all its files are written
                 else:
                     self._write_summary()  # first: how the run ended is recorded even on a full disk
                     self._write_final_files(trainer, best_effort=True)
+        except RunDirLost as err:
+            self.status, self.error = "failed", str(err)  # nothing to write into: the exception says so
+            self._watch.close()
+            raise
         except BaseException:
             if status == "completed" and self._written_status != "completed":
                 self.status, self.error = "running", None  # not completed: the caller records how it ended
             raise
+        self._watch.close()
         close_bar = getattr(trainer.progress_bar_callback, "close_bar", None)
         if close_bar is not None:
             close_bar()  # RoundProgressBar: erase the bar before the closing line or warning
@@ -241,15 +256,16 @@ class RunRecorder:
         """Complete a run restored with every round done (Lightning trains nothing then): write what is missing.
 
         Nothing happens unless training never started and every round is recorded. ``counts`` (client × class) writes
-        the partition when its files are missing. A run that diverged in its last round ends ``diverged`` again; any
-        other ends ``completed``.
+        the partition when one of its files is missing. A run that diverged in its last round ends ``diverged``
+        again; any other ends ``completed``.
         """
         if self.started or not self.history or self.history[-1]["round"] < self.total_rounds:
             return
         status = "diverged" if self.diverged_round is not None else "completed"
         self.say(trainer, f"all {self.total_rounds} rounds are done: writing what is missing, marking the run {status}")
         self.start(trainer)
-        if trainer.is_global_zero and not (self.run_dir / "partition.csv").exists():
+        partition = ["partition.csv", "partition.png"] if self.plots else ["partition.csv"]
+        if trainer.is_global_zero and not all((self.run_dir / name).exists() for name in partition):
             self.write_partition(counts)
         self.finish(trainer, status, self.error if status == "diverged" else None)
 
@@ -294,16 +310,26 @@ class RunRecorder:
         self.finish(trainer, "completed" if done else "interrupted")
 
     def end_with(self, trainer: L.Trainer, exception: BaseException) -> None:
-        """After an exception: a signal or Ctrl-C leaves the run ``interrupted`` (resumable), others ``failed``."""
+        """After an exception: a signal or Ctrl-C leaves the run ``interrupted`` (resumable), others ``failed``.
+
+        A removed run directory (:class:`~fl_lightning.core.rundir.RunDirLost`) leaves nothing to write into: the run
+        is ``failed``, and the exception alone says so.
+        """
         if self.status != "running":
+            return
+        if isinstance(exception, RunDirLost):
+            self.status, self.error = "failed", str(exception)
+            self._watch.close()
             return
         try:
             if isinstance(exception, (KeyboardInterrupt, SIGTERMException)):
                 self.finish(trainer, "interrupted")
             else:
                 self.finish(trainer, "failed", f"{type(exception).__name__}: {exception}")
-        except OSError as err:  # nothing more can be written (a full disk): the exception itself still propagates
+        except (OSError, RunDirLost) as err:  # nothing more can be written (a full disk): the exception propagates
             rank_zero_warn(f"could not record how the run ended ({err})")
+        finally:
+            self._watch.close()
 
     def collapsed_since(self, patience: int | None) -> int | None:
         """The first round of a collapse that spans the last ``patience`` evaluated rounds (else None).
@@ -368,16 +394,26 @@ class RunRecorder:
         writer.writerow(["client", "total", *[f"class_{c}" for c in range(counts.shape[1])]])
         for i, row in enumerate(counts):
             writer.writerow([i, int(row.sum()), *[int(v) for v in row]])
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(self.run_dir / "partition.csv", buf.getvalue())
-        if self.plots:
-            from fl_lightning.core.plots import plot_partition
+        with self._writing():
+            write_text_atomic(self.run_dir / "partition.csv", buf.getvalue())
+            if self.plots:
+                from fl_lightning.core.plots import plot_partition
 
-            info = self.info
-            title = f"{info.get('dataset')}, {info.get('partition')}, {info.get('num_clients')} clients"
-            plot_partition(counts, self.run_dir / "partition.png", title)
+                info = self.info
+                title = f"{info.get('dataset')}, {info.get('partition')}, {info.get('num_clients')} clients"
+                plot_partition(counts, self.run_dir / "partition.png", title)
 
     # ---- files and loggers ---------------------------------------------------------------------------------------
+
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """Writes into the run directory: a :class:`~fl_lightning.core.rundir.RunDirLost` once it is removed."""
+        self._watch.check()
+        try:
+            yield
+        except FileNotFoundError:
+            self._watch.check()  # removed during the write: RunDirLost, chained to the write's error
+            raise
 
     def _write_metrics(self) -> None:
         if not self.history:

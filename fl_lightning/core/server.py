@@ -19,6 +19,7 @@ from fl_lightning.core.aggregation import aggregation_weights
 from fl_lightning.core.context import ServerContext
 from fl_lightning.core.distributed import to_device
 from fl_lightning.core.rounds import RoundPlan, RoundState, plan_round
+from fl_lightning.core.rundir import RunDirError, checkpoint_diff
 from fl_lightning.core.server_optim import ServerOptimizer, ServerSGD
 from fl_lightning.core.state import ClientStateStore
 
@@ -139,13 +140,70 @@ class FederatedServer:
         return new_global
 
     def server_state_dict(self) -> dict[str, Any]:
-        """The server's state for a checkpoint (tensors on the CPU), with the seed it was made with."""
+        """The server's state for a checkpoint (tensors on the CPU), with the settings it was made with."""
         return {
             "server_state": to_device(self.server_state, "cpu"),
             "client_state": self.client_states.state_dict(),
             "server_optimizer": self.server_optimizer.state_dict(),
             "seed": self.seed,
+            "settings": self.settings(),
         }
+
+    def settings(self) -> dict[str, Any]:
+        """The settings that decide what the rounds train, by their ``federation.<key>`` names.
+
+        The server step is ``server_step``, the server optimizer with its hyper-parameters (``ServerSGD(lr=1.0,
+        momentum=0.0)``: plain averaging), whichever way it was given.
+
+        >>> FederatedServer(rounds=4).settings()["server_step"]
+        'ServerSGD(lr=1.0, momentum=0.0)'
+        """
+        opt = self.server_optimizer
+        step = ", ".join(f"{name}={float(getattr(opt, name))!r}" for name in opt._hparam_names)
+        return {
+            "rounds": self.rounds,
+            "sample_ratio": self.sample_ratio,
+            "local_epochs": self.local_epochs,
+            "aggregation": self.aggregation,
+            "lr_decay": self.lr_decay,
+            "eval_every": self.eval_every,
+            "seed": self.seed,
+            "server_step": f"{type(opt).__name__}({step})",
+        }
+
+    def check_resume(
+        self, ckpt: Mapping[str, Any], model_hparams: Mapping[str, Any], data_hparams: Mapping[str, Any]
+    ) -> None:
+        """Refuse to resume from ``ckpt`` with other settings than it was trained with, naming each differing key.
+
+        The new settings are the module's and the datamodule's hyper-parameters and this server's
+        :meth:`settings`, compared by :func:`~fl_lightning.core.rundir.checkpoint_diff` (the command line's check);
+        the rounds may grow.
+
+        Raises:
+            RunDirError: a ``ValueError`` whose one line names each differing key, ``key: old -> new``.
+        """
+        new = {"model": {"init_args": dict(model_hparams)}, "data": dict(data_hparams), "federation": self.settings()}
+        diff = checkpoint_diff(ckpt, new)
+        if diff:
+            raise RunDirError(
+                f"cannot resume: {'; '.join(diff)} (the checkpoint's settings -> this fit's); resume with the run's "
+                "own settings, or start a new run in another default_root_dir"
+            )
+
+    def check_new_fit(self, rounds_done: int, resuming: bool) -> None:
+        """Refuse a second fit by a trainer that already ran ``rounds_done`` rounds, unless it ``resuming`` one.
+
+        >>> FederatedServer(rounds=3).check_new_fit(3, resuming=False)
+        Traceback (most recent call last):
+        ...
+        ValueError: this Trainer already ran a federation (3 of 3 rounds); create a new Trainer for another fit, ...
+        """
+        if rounds_done > 0 and not resuming:
+            raise ValueError(
+                f"this Trainer already ran a federation ({rounds_done} of {self.rounds} rounds); create a new Trainer "
+                "for another fit, or resume a run with trainer.fit(..., ckpt_path='last')"
+            )
 
     def check_seed(self, state: Mapping[str, Any]) -> None:
         """Refuse a checkpoint state made with another seed (its rounds would not be this run's)."""
