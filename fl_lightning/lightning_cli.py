@@ -17,6 +17,7 @@ from typing import Any
 import lightning as L
 import yaml
 from jsonargparse import ArgumentError, Namespace
+from lightning.pytorch.callbacks.progress.rich_progress import RichProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import TQDMProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback, _InstantiatorFn
 from typing_extensions import override
@@ -292,8 +293,12 @@ class FLCLI(LightningCLI):
         # Rounds as epochs; checkpoints in the run directory whatever the logger, so that `--ckpt_path last` finds them.
         rules.prepare_trainer(trainer, self._get(self.config, "federation.rounds"))
         callbacks: list[L.Callback] = trainer.callbacks  # type: ignore[attr-defined]  # set by Lightning's connector
+        # Lightning's default bar is rich's when `rich` is installed: the command line draws the same round bar either
+        # way, unless the config names a bar of its own.
+        named = self._get(self.config, "trainer.callbacks") or []
+        own_bar = any("ProgressBar" in str(_class_path_of(c)) for c in named)
         for i, cb in enumerate(callbacks):
-            if type(cb) is TQDMProgressBar:
+            if type(cb) is TQDMProgressBar or (type(cb) is RichProgressBar and not own_bar):
                 callbacks[i] = RoundProgressBar(refresh_rate=cb.refresh_rate, leave=False)
         for logger in trainer.loggers:
             wandb_init = getattr(logger, "_wandb_init", None)
@@ -318,6 +323,11 @@ class FLCLI(LightningCLI):
         summary = plan.run_dir / "summary.json"  # tells this fit's summary from the one it found (the exit code)
         RUNNING["summary_stamp"] = (summary.stat().st_mtime_ns, summary.stat().st_size) if summary.exists() else None
         RUNNING["fitting"] = True
+
+
+def _class_path_of(config: Any) -> Any:
+    """A class config's ``class_path`` (a callback given as a class config or as an instance)."""
+    return config.get("class_path", "") if isinstance(config, dict | Namespace) else type(config).__name__
 
 
 def _trainer_rules(trainer: Namespace) -> None:
