@@ -206,6 +206,11 @@ def run(args: list[str], overwrite: bool = False, debug: bool = False) -> int:
                 signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
     if cli.subcommand != "fit":
         return 0
+    if cli.trainer.global_rank != 0:  # only rank 0 writes summary.json; the others hold its status
+        from fl_lightning.federation import Federation
+
+        statuses = [cb.status for cb in cli.trainer.callbacks if isinstance(cb, Federation)]  # type: ignore[attr-defined]
+        return EXIT_CODES.get(statuses[0] if statuses else "completed", EXIT_CODES["failed"])
     return _exit_code_of_run()
 
 

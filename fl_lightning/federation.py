@@ -104,16 +104,11 @@ class Federation(Callback, FederatedServer):
         FederatedServer.__init__(
             self, rounds, sample_ratio, local_epochs, aggregation, lr_decay, eval_every, seed, opt, client_state_mb
         )
-        _require(
-            collapse_rounds is None or collapse_rounds >= 1, f"collapse_rounds must be >= 1, got {collapse_rounds}"
-        )
+        _require(collapse_rounds is None or collapse_rounds > 0, f"collapse_rounds must be >= 1, got {collapse_rounds}")
         _require(engine in ENGINES, f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
         _require(group_size is None or group_size >= 1, f"group_size must be at least 1 (or None), got {group_size}")
-        self.plots = plots
-        self.eval_local = eval_local
-        self.collapse_rounds = collapse_rounds
-        self.engine = engine
-        self.group_size = group_size
+        self.plots, self.eval_local, self.collapse_rounds = plots, eval_local, collapse_rounds
+        self.engine, self.group_size = engine, group_size
         #: The engine this fit runs (``engine`` resolved at fit start: ``sequential`` or ``batched``).
         self.engine_used = "sequential"
         self.client_group: int | None = None  # clients per training batch with the batched engine
@@ -353,9 +348,10 @@ class Federation(Callback, FederatedServer):
 
     @override
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """A run restored with every round done (Lightning trains nothing then): complete its record."""
+        """Complete the record of a run restored with every round done; every process then holds rank 0's status."""
         if self.recorder is not None and self.dm is not None:
             self.recorder.finish_restored(trainer, self.dm.client_class_counts)
+            self.recorder.share_status(trainer)
 
     @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:

@@ -252,6 +252,11 @@ class RunRecorder:
         elif status == "failed":
             rank_zero_warn(f"run failed: {error} (results so far in {self.run_dir})")
 
+    def share_status(self, trainer: L.Trainer) -> None:
+        """Give every process the status rank 0 recorded (the other ranks write nothing), so that all exit alike."""
+        if trainer.world_size > 1:
+            self.status = trainer.strategy.broadcast(self.status, src=0)
+
     def finish_restored(self, trainer: L.Trainer, counts: np.ndarray) -> None:
         """Complete a run restored with every round done (Lightning trains nothing then): write what is missing.
 

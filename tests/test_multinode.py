@@ -1,7 +1,8 @@
-"""A simulation across nodes: two torchrun nodes on one host (one process each) end cleanly with one run written.
+"""A simulation across nodes: two nodes on one host (one process each) end cleanly with one run written.
 
-Each node is its own ``torchrun --nnodes 2`` launcher, as on two machines sharing a filesystem; the test checks the
-exit codes, a bounded wall time and that the per-round metrics equal a single process's.
+Each node is its own ``torchrun --nnodes 2`` launcher, as on two machines sharing a filesystem, or a task with the
+environment ``srun --nodes 2 --ntasks-per-node 1`` gives it (SLURM); the tests check the exit codes, a bounded wall
+time and that the per-round metrics equal a single process's.
 """
 
 from __future__ import annotations
@@ -63,6 +64,26 @@ def _two_nodes(run_dir: Path, node_env: dict[int, dict[str, str]] | None = None)
     return codes, outputs, time.monotonic() - start
 
 
+def _slurm_nodes(run_dir: Path) -> tuple[list[int], list[str]]:
+    """Two tasks with the variables SLURM sets for ``srun --nodes 2 --ntasks-per-node 1`` (Lightning reads them)."""
+    port = str(_free_port())
+    procs = []
+    for rank in (0, 1):
+        slurm = {
+            "SLURM_NTASKS": "2", "SLURM_PROCID": str(rank), "SLURM_LOCALID": "0", "SLURM_NODEID": str(rank),
+            "SLURM_JOB_ID": "42", "SLURM_JOB_NAME": "fl", "SLURM_NODELIST": "127.0.0.1",
+            "SLURM_JOB_NODELIST": "127.0.0.1", "SLURM_NTASKS_PER_NODE": "1", "MASTER_PORT": port,
+        }  # fmt: skip
+        cmd = [
+            sys.executable, *FIT, *QUIET, "--trainer.devices", "1", "--trainer.num_nodes", "2",
+            "--trainer.strategy", "ddp", "--trainer.accelerator", "cpu", "--trainer.default_root_dir", str(run_dir),
+        ]  # fmt: skip
+        env, out = _env(**slurm), subprocess.PIPE
+        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, text=True))
+    outputs = [proc.communicate(timeout=LIMIT_S)[0] for proc in procs]
+    return [proc.returncode for proc in procs], outputs
+
+
 def _rows(run_dir: Path) -> list[dict[str, str]]:
     with open(run_dir / "metrics.csv") as f:
         return list(csv.DictReader(f))
@@ -88,6 +109,13 @@ def test_two_nodes_end_cleanly_with_one_process_results(tmp_path: Path) -> None:
             assert float(b[key]) == pytest.approx(float(a[key]), abs=1e-4), key
     # One run written, by global rank 0: one summary, and no second copy of the files.
     assert sorted(p.name for p in nodes.iterdir() if p.name.startswith("summary")) == ["summary.json"]
+
+
+@pytest.mark.slow
+def test_two_slurm_nodes_end_cleanly(tmp_path: Path) -> None:
+    codes, outputs = _slurm_nodes(tmp_path / "run")
+    assert codes == [0, 0], "\n---\n".join(out[-2000:] for out in outputs)
+    assert [r["round"] for r in _rows(tmp_path / "run")] == ["1", "2"]
 
 
 @pytest.mark.slow
