@@ -299,7 +299,7 @@ class FLCLI(LightningCLI):
         own_bar = any("ProgressBar" in str(_class_path_of(c)) for c in named)
         for i, cb in enumerate(callbacks):
             if type(cb) is TQDMProgressBar or (type(cb) is RichProgressBar and not own_bar):
-                callbacks[i] = RoundProgressBar(refresh_rate=cb.refresh_rate, leave=False)
+                callbacks[i] = RoundProgressBar(refresh_rate=int(cb.refresh_rate), leave=False)
         for logger in trainer.loggers:
             wandb_init = getattr(logger, "_wandb_init", None)
             if isinstance(wandb_init, dict) and wandb_init.get("anonymous") is None:

@@ -3,8 +3,8 @@
 # this file from the repository root. pip runs only when the environment is new, or when pyproject.toml or the torch
 # choice below changed since the last set-up (a stamp file in $VENV keyed on both); otherwise nothing is installed.
 #
-# Which torch to install (the default works offline here; on a machine without a GPU the CPU-only build is ~1 GB
-# smaller than the CUDA one):
+# Which torch to install (the default works offline here; on a machine without a GPU the CPU-only build leaves out
+# the CUDA libraries, several GB):
 #   TORCH_INDEX_URL  an index to take torch from, e.g. https://download.pytorch.org/whl/cpu (the CPU-only build)
 #   TORCH_SPEC       what pip installs for torch: requirements or wheel files
 #                    (default: "torch==2.14.1 torchvision==0.29.1")

@@ -7,6 +7,8 @@ source scripts/setup_venv.sh  # pip only when .venv is new or pyproject.toml cha
 export WANDB_MODE=offline WANDB_SILENT=true
 # One pytest worker per core (pytest-xdist), one thread each: the tests are many small federations, not big kernels.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-# The import contracts of pyproject.toml (the three layers). The docs build runs in the suite (tests/test_docs.py).
+# The import contracts and the types ([tool.importlinter], [tool.mypy] in pyproject.toml); the docs build runs in the
+# suite (tests/test_docs.py).
 "$VENV/bin/lint-imports"
+"$VENV/bin/mypy"
 "$VENV/bin/python" -m pytest -q -n "${PYTEST_WORKERS:-auto}" "$@"
