@@ -187,3 +187,51 @@ def test_in_process_grid_scaffold_equals_cli_fit(tmp_path: Path) -> None:
     for row, fit_row in zip(history, fit_rows, strict=True):
         for key in ("global_acc", "global_loss", "train_loss"):
             assert math.isclose(row[key], float(fit_row[key]), abs_tol=1e-5), (key, row, fit_row)
+
+
+# ---- faults: a client that fails in a round ----------------------------------------------------------------------
+
+
+class FailingGrid(InProcessGrid):
+    """An in-process grid whose node ``node`` fails every ``train`` message from round ``from_round`` on."""
+
+    def __init__(self, apps: list, node_configs: list[dict], node: int, from_round: int) -> None:
+        super().__init__(apps, node_configs)
+        self.node, self.from_round = node, from_round
+
+    def send_and_receive(self, messages, timeout=None):
+        from flwr.app import Error, Message
+
+        kept, failed = [], []
+        for msg in messages:
+            plan = msg.content["plan"] if msg.metadata.message_type == "train" else None
+            down = (
+                plan is not None and msg.metadata.dst_node_id == self.node and int(plan["round"]) + 1 >= self.from_round
+            )
+            (failed if down else kept).append(msg)
+        replies = super().send_and_receive(kept, timeout)
+        return replies + [Message(Error(code=0, reason="the node went away"), reply_to=msg) for msg in failed]
+
+
+@pytest.mark.parametrize("min_clients", [2, None])
+def test_failed_client_round_completes_with_the_others_or_fails(min_clients, tmp_path: Path) -> None:
+    from fl_lightning.flower.client_app import client_app
+    from fl_lightning.flower.server_app import FlowerRunError, run_federation, server_setup
+
+    options = [*_tiny(3), "--model.class_path", "fl_lightning.methods.SCAFFOLD"]
+    setup = server_setup(QUICKSTART, options, str(tmp_path / "run"))
+    apps = [client_app(QUICKSTART, " ".join(options)) for _ in range(3)]
+    grid = FailingGrid(apps, _nodes(), node=3, from_round=2)  # node 3 holds partition 2
+    if min_clients is None:
+        with pytest.raises(FlowerRunError) as err:
+            run_federation(grid, setup, node_wait=1.0)
+        line = str(err.value)
+        assert line == "round 2: client 2 failed: the node went away (2 of 3 answered, 3 needed)", line
+        assert read_summary(tmp_path / "run")["status"] == "failed"
+        return
+    history = run_federation(grid, setup, node_wait=1.0, min_clients=min_clients)
+    assert [int(row["clients"]) for row in history] == [3, 2, 2]
+    assert all(math.isfinite(row["global_acc"]) for row in history)
+    summary = read_summary(tmp_path / "run")
+    assert summary["status"] == "completed" and summary["missing_clients"] == {"2": [2], "3": [2]}
+    assert summary["resumable"] is False

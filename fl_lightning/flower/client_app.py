@@ -10,8 +10,10 @@ only its own partition. It answers two messages:
 - ``train``: the round's global weights, the method's payload and the client's part of the plan in; the local
   weights, the method's upload and the mean training loss out. The update runs through
   :class:`~fl_lightning.executor.SequentialClients` (the client's start and end, its seed, its context, its teacher)
-  on one module that persists between rounds while the process lives; the client's persistent method state
-  (SCAFFOLD's control variate, MOON's previous model, ...) stays on the node, in Flower's ``Context.state``.
+  on one module that persists between messages while the process lives (in Flower's simulation runtime, the
+  Ray actor; a deployed SuperNode starts a ``flwr-clientapp`` process per message, which builds the module anew);
+  the client's persistent method state (SCAFFOLD's control variate, MOON's previous model, ...) stays on the node,
+  in Flower's ``Context.state``, which the node keeps for the run and hands to each message's ClientApp.
 
 The run config (``flwr run --run-config``, or :func:`client_app`'s arguments) names the fl_lightning config
 (``config``) and extra command-line options (``options``); a node's own ``--node-config`` may add options of its

@@ -16,8 +16,17 @@ partition) stops the run with one line (:class:`FlowerRunError`) before anything
 
 The run config (``flwr run --run-config``, or :func:`server_app`'s arguments): ``config`` (the fl_lightning YAML),
 ``options`` (extra command-line options), ``run-dir`` (the run directory; default: the config's
-``trainer.default_root_dir``), ``node-wait`` (seconds to wait for the nodes to connect) and ``round-timeout``
-(seconds to wait for a round's replies).
+``trainer.default_root_dir``), ``node-wait`` (seconds to wait for the nodes to connect), ``round-timeout``
+(seconds to wait for a round's replies) and ``min-clients`` (the fewest of a round's sampled clients whose replies
+let the round complete; default: all of them).
+
+A round whose clients did not all answer (a node that failed, was killed, or did not reply within ``round-timeout``)
+completes with the clients that answered when at least ``min-clients`` did: the plan, the aggregation weights and the
+server's view of the round are those of the answered clients, a one-line note goes to stderr, and ``summary.json``
+lists the missing clients by round (``missing_clients``). With fewer answers the run fails with one line.
+
+A Flower run cannot be resumed: the ServerApp writes no checkpoint, and the clients' persistent states live on the
+nodes. ``summary.json`` says so (``"resumable": false``); a restarted ServerApp starts a new run.
 """
 
 from __future__ import annotations
@@ -32,7 +41,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from fl_lightning import rules
-from fl_lightning.core.rounds import RoundState
+from fl_lightning.core.rounds import RoundPlan, RoundState
 from fl_lightning.core.rundir import RunDirClaim
 from fl_lightning.flower.build import FlowerSetup, build, split_options
 from fl_lightning.flower.messages import get_tree, get_weights, put_tree, put_weights
@@ -69,7 +78,12 @@ def map_partitions(grid: Grid, setup: FlowerSetup, nodes: Sequence[int], timeout
     the same partition, or a partition no node holds.
     """
     messages = [Message(RecordDict(), node, "query") for node in nodes]
-    replies = {reply.metadata.src_node_id: reply for reply in grid.send_and_receive(messages, timeout=timeout)}
+    received = list(grid.send_and_receive(messages, timeout=timeout))
+    sent = {msg.metadata.message_id: node for msg, node in zip(messages, nodes, strict=True)}
+    replies: dict[int, Message] = {}
+    for reply in received:  # an error reply the SuperLink wrote for a lost node comes from the SuperLink
+        src = reply.metadata.src_node_id
+        replies[src if src in nodes else sent.get(reply.metadata.reply_to_message_id, src)] = reply
     clients: dict[int, int] = {}
     for node in nodes:
         if node not in replies:
@@ -101,8 +115,12 @@ def run_federation(
     setup: FlowerSetup,
     node_wait: float = 60.0,
     round_timeout: float | None = None,
+    min_clients: int | None = None,
 ) -> list[dict[str, float]]:
-    """Run the federation ``setup`` describes on ``grid``'s nodes; the evaluated rounds (``metrics.csv``'s rows)."""
+    """Run the federation ``setup`` describes on ``grid``'s nodes; the evaluated rounds (``metrics.csv``'s rows).
+
+    ``min_clients``: the fewest answered clients that complete a round (``None``: every sampled client).
+    """
     trainer, dm = setup.trainer, setup.datamodule
     nodes = wait_for_nodes(grid, dm.num_clients, node_wait)
     clients = map_partitions(grid, setup, nodes, node_wait)
@@ -110,19 +128,25 @@ def run_federation(
     claim = RunDirClaim()
     claim.acquire(run_dir)
     try:
-        return _rounds(grid, setup, clients, round_timeout, run_dir)
+        return _rounds(grid, setup, clients, round_timeout, run_dir, min_clients)
     finally:
         claim.release()
 
 
 def _rounds(
-    grid: Grid, setup: FlowerSetup, clients: dict[int, int], timeout: float | None, run_dir: Path
+    grid: Grid,
+    setup: FlowerSetup,
+    clients: dict[int, int],
+    timeout: float | None,
+    run_dir: Path,
+    min_clients: int | None = None,
 ) -> list[dict[str, float]]:
     trainer, module, dm, fed = setup.trainer, setup.module, setup.datamodule, setup.federation
     hooks = setup.hooks
     fed.start_fit(run_dir / "client_state")
     info = run_info(trainer, module, dm, sample_ratio=fed.sample_ratio, local_epochs=fed.local_epochs, seed=fed.seed)
     info["engine"] = "flower"
+    info["resumable"] = False
     recorder = RunRecorder(run_dir, info, fed.plots, fed.rounds)
     recorder.begin(trainer, dm.client_class_counts, True, f"flower: {len(clients)} nodes, one client each")
     try:
@@ -146,7 +170,11 @@ def _rounds(
                 lr=lr,
                 started_at=time.perf_counter(),
             )
-            replies = _train_round(grid, rnd, payload, clients, timeout)
+            replies = _train_round(grid, rnd, payload, clients, timeout, min_clients)
+            missing = [c for c in plan.clients if c not in replies]
+            if missing:
+                rnd, plan = _answered_round(fed, dm.client_sizes, rnd, server, replies)
+                recorder.info.setdefault("missing_clients", {})[str(r + 1)] = missing
             for pos, client in enumerate(plan.clients):
                 reply = replies[client]
                 rnd.add_client(
@@ -185,10 +213,46 @@ def _loss_of(content: RecordDict) -> float:
     return float(result["loss"])  # type: ignore[arg-type]
 
 
+def _answered_round(
+    fed: Any, sizes: Sequence[int], rnd: RoundState, server: Any, replies: dict[int, Message]
+) -> tuple[RoundState, RoundPlan]:
+    """Round ``rnd`` narrowed to the clients that answered: its plan, weights and the server's view of the round."""
+    plan = rnd.plan
+    kept = [pos for pos, c in enumerate(plan.clients) if c in replies]
+    answered = RoundPlan(
+        plan.round,
+        tuple(plan.clients[p] for p in kept),
+        tuple(plan.steps[p] for p in kept),
+        plan.local_epochs,
+        plan.lr_scale,
+    )
+    weights = fed.weights_for(answered, sizes)
+    server.clients, server.weights = answered.clients, tuple(weights)
+    narrowed = RoundState(
+        answered,
+        list(range(len(answered.clients))),
+        weights,
+        batches_per_client=[1] * len(answered.clients),
+        upload_reduce=rnd.upload_reduce,
+        global_weights=rnd.global_weights,
+        lr=rnd.lr,
+        started_at=rnd.started_at,
+    )
+    return narrowed, answered
+
+
 def _train_round(
-    grid: Grid, rnd: RoundState, payload: dict[str, Any], clients: dict[int, int], timeout: float | None
+    grid: Grid,
+    rnd: RoundState,
+    payload: dict[str, Any],
+    clients: dict[int, int],
+    timeout: float | None,
+    min_clients: int | None = None,
 ) -> dict[int, Message]:
-    """Send round ``rnd``'s clients their ``train`` messages; their replies by client id (all of them, or raise)."""
+    """Send round ``rnd``'s clients their ``train`` messages; the replies of the clients that answered, by client id.
+
+    Raises :class:`FlowerRunError` when fewer than ``min_clients`` (``None``: all sampled clients) answered.
+    """
     plan = rnd.plan
     messages = []
     for pos, client in enumerate(plan.clients):
@@ -207,17 +271,32 @@ def _train_round(
         )
         messages.append(Message(content, clients[client], "train", group_id=str(plan.round + 1)))
     node_client = {node: client for client, node in clients.items()}
+    received = list(grid.send_and_receive(messages, timeout=timeout))
+    sent = {msg.metadata.message_id: client for msg, client in zip(messages, plan.clients, strict=True)}
     replies: dict[int, Message] = {}
-    for reply in grid.send_and_receive(messages, timeout=timeout):
-        client = node_client[reply.metadata.src_node_id]
+    failed: dict[int, str] = {}
+    for reply in received:
+        sender = node_client.get(reply.metadata.src_node_id)
+        if sender is None:  # an error reply the SuperLink wrote for a node it lost: its source is the SuperLink
+            sender = sent.get(reply.metadata.reply_to_message_id)
+        if sender is None:
+            continue
+        client = sender
         if reply.has_error():
-            raise FlowerRunError(f"round {plan.round + 1}: client {client} failed: {reason_of(reply)}")
-        replies[client] = reply
-    missing = [c for c in plan.clients if c not in replies]
-    if missing:
-        raise FlowerRunError(
-            f"round {plan.round + 1}: client(s) {', '.join(map(str, missing))} did not answer within {timeout}s"
-        )
+            failed[client] = reason_of(reply)
+        else:
+            replies[client] = reply
+    silent = [c for c in plan.clients if c not in replies and c not in failed]
+    if not failed and not silent:
+        return replies
+    needed = len(plan.clients) if min_clients is None else min(min_clients, len(plan.clients))
+    problems = [f"client {c} failed: {reason}" for c, reason in failed.items()]
+    if silent:
+        problems.append(f"client(s) {', '.join(map(str, silent))} did not answer within {timeout}s")
+    line = f"round {plan.round + 1}: {'; '.join(problems)}"
+    if len(replies) < needed:
+        raise FlowerRunError(f"{line} ({len(replies)} of {len(plan.clients)} answered, {needed} needed)")
+    print(f"[fl_lightning] {line}; the round completes with the other {len(replies)}", file=sys.stderr, flush=True)
     return replies
 
 
@@ -235,6 +314,7 @@ def server_app(
     run_dir: str | None = None,
     node_wait: float | None = None,
     round_timeout: float | None = None,
+    min_clients: int | None = None,
     setup: FlowerSetup | None = None,
     on_done: Callable[[list[dict[str, float]] | BaseException], None] | None = None,
 ) -> ServerApp:
@@ -255,8 +335,9 @@ def server_app(
         folder = run_dir if run_dir is not None else str(run.get("run-dir", "")) or None
         wait = node_wait if node_wait is not None else float(run.get("node-wait", 60.0))
         limit = round_timeout if round_timeout is not None else _optional_float(run.get("round-timeout"))
+        fewest = min_clients if min_clients is not None else _optional_int(run.get("min-clients"))
         try:
-            history = run_federation(grid, setup or server_setup(path, extra, folder), wait, limit)
+            history = run_federation(grid, setup or server_setup(path, extra, folder), wait, limit, fewest)
         except BaseException as err:
             if isinstance(err, FlowerRunError):
                 print(f"[fl_lightning] {err}", file=sys.stderr, flush=True)
@@ -271,6 +352,10 @@ def server_app(
 
 def _optional_float(value: Any) -> float | None:
     return None if value in (None, "", 0) else float(value)
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value in (None, "", 0) else int(value)
 
 
 #: The ServerApp ``flwr run`` loads (``fl_lightning.flower.server_app:app``): its settings come from the run config.
