@@ -235,3 +235,35 @@ def test_failed_client_round_completes_with_the_others_or_fails(min_clients, tmp
     summary = read_summary(tmp_path / "run")
     assert summary["status"] == "completed" and summary["missing_clients"] == {"2": [2], "3": [2]}
     assert summary["resumable"] is False
+
+
+# ---- every built-in method, FedAvgM and the server optimizers through the apps -----------------------------------
+
+_LR = ["--federation.server_optimizer.lr", "0.01"]
+_SERVER_STEPS = {
+    "fedavgm": ["--federation.server_momentum", "0.9"],
+    "fedadagrad": ["--federation.server_optimizer", "fl_lightning.FedAdagrad", *_LR],
+    "fedyogi": ["--federation.server_optimizer", "fl_lightning.FedYogi", *_LR],
+}
+
+
+def _every_method() -> dict[str, list[str]]:
+    from fl_lightning.methods import METHODS as BUILT_IN
+
+    holdout = {"fedssd": ["--data.holdout_per_class", "64"], "fedka": ["--data.holdout_per_class", "1"]}
+    return {name: ["--model", name, *holdout.get(name, [])] for name in BUILT_IN} | _SERVER_STEPS
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", list(_every_method()))
+def test_every_method_through_the_apps_equals_cli_fit(method: str, tmp_path: Path) -> None:
+    """Each method's state travels as the round core defines it: two rounds through the apps equal ``cli.py fit``."""
+    options = [*_tiny(), "--data.num_clients", "5", *_every_method()[method]]
+    history = _run_in_process(tmp_path, options, [options] * 5, _nodes(5))
+    fit_dir = tmp_path / "fit"
+    assert cli_run(["fit", "--config", QUICKSTART, *options, "--trainer.default_root_dir", str(fit_dir)]) == 0
+    fit_rows = read_metrics(fit_dir)
+    assert len(history) == len(fit_rows) == 2
+    for row, fit_row in zip(history, fit_rows, strict=True):
+        for key in ("global_acc", "global_loss", "train_loss"):
+            assert math.isclose(row[key], float(fit_row[key]), abs_tol=1e-5), (key, row, fit_row)

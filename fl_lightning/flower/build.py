@@ -17,6 +17,7 @@ from typing import cast
 
 import lightning as L
 
+from fl_lightning import rules
 from fl_lightning.data import FederatedDataModule
 from fl_lightning.federation import Federation
 from fl_lightning.module import FedAvg, FederatedHooks
@@ -87,6 +88,7 @@ def attach(setup: FlowerSetup) -> None:
     trainer, module, dm = setup.trainer, setup.module, setup.datamodule
     assert isinstance(module, FedAvg)
     dm.setup("fit")
+    rules.check_pieces(trainer, module, dm, module.holdout_per_class_required)  # the checks a fit makes at setup
     trainer.strategy.connect(module)
     module.trainer = trainer
     module.configure_model()

@@ -1,7 +1,7 @@
 """A Flower deployment on this machine: a SuperLink and SuperNodes as separate processes, driven by ``flwr run``.
 
 :class:`LocalDeployment` is what the deployment tests and ``bench/bench_flower.py`` use, and what a user can read as
-the commands of a deployment (:attr:`LocalDeployment.commands` holds every command it ran). Everything listens on
+the commands of a deployment (its ``commands`` list holds every command it ran). Everything listens on
 127.0.0.1 only, on free ports, without TLS (``--insecure``) unless SuperNode authentication asks for it
 (:func:`make_tls` writes a certificate authority and the SuperLink's certificate for 127.0.0.1). Flower's user
 configuration (``FLWR_HOME``) is a folder of the deployment's own, whose ``config.toml`` names the local SuperLink
