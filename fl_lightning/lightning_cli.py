@@ -113,6 +113,12 @@ def _is_worker_process() -> bool:
     return any(os.environ.get(var, "0") not in ("", "0") for var in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "NODE_RANK"))
 
 
+def _launched_world_size() -> int:
+    """How many processes an outside launcher started for this fit (torchrun's ``WORLD_SIZE``, SLURM's tasks)."""
+    sizes = (os.environ.get(var, "") for var in ("WORLD_SIZE", "SLURM_NTASKS"))
+    return max((int(size) for size in sizes if size.isdigit()), default=1)
+
+
 class FLCLI(LightningCLI):
     """LightningCLI with the federation settings under ``--federation.*`` and the data facts linked to the model.
 
@@ -181,6 +187,11 @@ class FLCLI(LightningCLI):
         """
         if _is_worker_process() and os.environ.get(_RUN_DIR_ENV):
             return Path(os.environ[_RUN_DIR_ENV])
+        if _launched_world_size() > 1:  # each process would choose a version of its own
+            raise ValueError(
+                "processes started by a launcher (torchrun, srun) share one run: name its directory with "
+                "--trainer.default_root_dir DIR, the same on every node"
+            )
         ckpt_path = config.get("ckpt_path")
         run_dir = None
         if ckpt_path == "last":

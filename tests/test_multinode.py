@@ -35,7 +35,9 @@ def _env(**extra: str) -> dict[str, str]:
     return {**env, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", **extra}
 
 
-def _two_nodes(run_dir: Path, node_env: dict[int, dict[str, str]] | None = None) -> tuple[list[int], list[str], float]:
+def _two_nodes(
+    run_dir: Path | None, node_env: dict[int, dict[str, str]] | None = None
+) -> tuple[list[int], list[str], float]:
     port = _free_port()
     procs = []
     start = time.monotonic()
@@ -46,7 +48,8 @@ def _two_nodes(run_dir: Path, node_env: dict[int, dict[str, str]] | None = None)
             "--master-addr", "127.0.0.1", "--master-port", str(port),
             *FIT, *QUIET,
             "--trainer.devices", "1", "--trainer.num_nodes", "2", "--trainer.strategy", "ddp",
-            "--trainer.accelerator", "cpu", "--trainer.default_root_dir", str(run_dir),
+            "--trainer.accelerator", "cpu",
+            *(["--trainer.default_root_dir", str(run_dir)] if run_dir is not None else []),
         ]  # fmt: skip
         env = _env(**(node_env or {}).get(rank, {}))
         out = subprocess.PIPE
@@ -125,3 +128,13 @@ def test_a_failing_node_says_why_and_the_other_stops(tmp_path: Path) -> None:
     assert codes[0] != 0 and codes[1] != 0, codes
     assert wall < LIMIT_S
     assert "error:" in outputs[0], outputs[0][-2000:]
+
+
+@pytest.mark.slow
+def test_nodes_must_name_their_run_directory(tmp_path: Path) -> None:
+    # The default runs/<config>/version_N is chosen by each process: with several nodes every one refuses at start.
+    codes, outputs, wall = _two_nodes(None)
+    assert codes[0] != 0 and codes[1] != 0, codes
+    for out in outputs:
+        assert "name its directory with --trainer.default_root_dir" in out, out[-2000:]
+    assert wall < LIMIT_S
