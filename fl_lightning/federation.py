@@ -29,7 +29,8 @@ from fl_lightning.core.context import ServerContext
 from fl_lightning.core.distributed import rank_and_world, to_device
 from fl_lightning.core.evaluation import Evaluation
 from fl_lightning.core.rounds import RoundPlan, RoundState, num_sampled, process_share
-from fl_lightning.core.rundir import RunDirClaim, check_checkpoint_file
+from fl_lightning.core.run_lock import RunDirClaim
+from fl_lightning.core.rundir import check_checkpoint_file
 from fl_lightning.core.server import FederatedServer, server_optimizer_of, upgrade_state
 from fl_lightning.core.server_optim import ServerOptimizer
 from fl_lightning.data import FederatedDataModule

@@ -37,16 +37,8 @@ from fl_lightning.cli_args import (  # cli_args imports the methods: `--model Fe
 from fl_lightning.core import faults
 from fl_lightning.core.files import write_text_atomic
 from fl_lightning.core.partitions import Partitioner
-from fl_lightning.core.rundir import (
-    RunDirError,
-    RunDirPlan,
-    check_checkpoint_file,
-    check_run_dir,
-    claim_run_dir,
-    flatten,
-    move_aside,
-    release_run_dir,
-)
+from fl_lightning.core.run_lock import claim_run_dir, release_run_dir
+from fl_lightning.core.rundir import RunDirError, RunDirPlan, check_checkpoint_file, check_run_dir, flatten, move_aside
 from fl_lightning.core.versions import VERSION_PREFIX, claim_new_version, matching_version
 from fl_lightning.data import FederatedDataModule
 from fl_lightning.federation import Federation

@@ -4,7 +4,7 @@ The :class:`~fl_lightning.Federation` callback measures; :class:`RunRecorder` ke
 papers' metrics from it (best accuracy, forgetting F), writes ``metrics.csv``/``summary.json``/PNGs atomically into
 the run directory (on rank 0 only) and sends the rows to the Trainer's loggers with the round as the step. It never
 creates the run directory (the fit that claims it does): a directory removed during the run ends it with a
-:class:`~fl_lightning.core.rundir.RunDirLost`, never a run recorded in a new directory of the same name.
+:class:`~fl_lightning.core.run_lock.RunDirLost`, never a run recorded in a new directory of the same name.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ from fl_lightning.core.evaluation import Evaluation
 from fl_lightning.core.files import is_disk_full, overwrite_in_place, remove_temporaries, write_text_atomic
 from fl_lightning.core.metrics import forgetting
 from fl_lightning.core.rounds import RoundState
-from fl_lightning.core.rundir import RunDirLost, RunDirWatch, check_fresh_run_dir
+from fl_lightning.core.run_lock import RunDirWatch
+from fl_lightning.core.rundir import RunDirLost, check_fresh_run_dir
 from fl_lightning.core.state import ClientStateStore
 from fl_lightning.lightning_internals import step_only_logged_names
 
@@ -126,7 +127,7 @@ class RunRecorder:
         """Mark the run as running (called once training really starts, after any checkpoint was accepted).
 
         The run directory must exist (the fit claimed it); from now on a write finds it removed with a
-        :class:`~fl_lightning.core.rundir.RunDirLost`.
+        :class:`~fl_lightning.core.run_lock.RunDirLost`.
         """
         self.started = True
         if trainer.is_global_zero:
@@ -317,7 +318,7 @@ class RunRecorder:
     def end_with(self, trainer: L.Trainer, exception: BaseException) -> None:
         """After an exception: a signal or Ctrl-C leaves the run ``interrupted`` (resumable), others ``failed``.
 
-        A removed run directory (:class:`~fl_lightning.core.rundir.RunDirLost`) leaves nothing to write into: the run
+        A removed run directory (:class:`~fl_lightning.core.run_lock.RunDirLost`) leaves nothing to write into: the run
         is ``failed``, and the exception alone says so.
         """
         if self.status != "running":
@@ -412,7 +413,7 @@ class RunRecorder:
 
     @contextmanager
     def _writing(self) -> Iterator[None]:
-        """Writes into the run directory: a :class:`~fl_lightning.core.rundir.RunDirLost` once it is removed."""
+        """Writes into the run directory: a :class:`~fl_lightning.core.run_lock.RunDirLost` once it is removed."""
         self._watch.check()
         try:
             yield

@@ -346,7 +346,7 @@ def test_help_says_where_runs_go(capsys):
 
 
 def _hold(run_dir: str, held, done) -> None:
-    from fl_lightning.core.rundir import claim_run_dir, release_run_dir
+    from fl_lightning.core.run_lock import claim_run_dir, release_run_dir
 
     claim_run_dir(run_dir)
     held.set()

@@ -31,7 +31,8 @@ from fl_lightning.core.files import (
     verify_checkpoint,
     write_text_atomic,
 )
-from fl_lightning.core.rundir import RunDirError, check_run_dir, claim_run_dir, release_run_dir
+from fl_lightning.core.run_lock import claim_run_dir, release_run_dir
+from fl_lightning.core.rundir import RunDirError, check_run_dir
 from fl_lightning.experiments.compare import CompareSpec, Run, _fit_args
 
 ROOT = Path(__file__).resolve().parent.parent

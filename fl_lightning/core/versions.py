@@ -12,15 +12,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from fl_lightning.core.rundir import (
-    LOCK_NAME,
-    RunDirError,
-    RunDirInUse,
-    claim_run_dir,
-    read_config,
-    release_run_dir,
-    science_diff,
-)
+from fl_lightning.core.run_lock import LOCK_NAME, claim_run_dir, release_run_dir
+from fl_lightning.core.rundir import RunDirError, RunDirInUse, read_config, science_diff
 
 #: The folders under a run location, one per fit: ``version_0``, ``version_1``, ... (Lightning's own convention).
 VERSION_PREFIX = "version_"

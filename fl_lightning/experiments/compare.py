@@ -51,16 +51,8 @@ import yaml
 
 from fl_lightning import shipped_configs
 from fl_lightning.cli_errors import one_line
-from fl_lightning.core.rundir import (
-    RunDirError,
-    claim_run_dir,
-    has_results,
-    read_config,
-    read_summary,
-    release_run_dir,
-    run_status,
-    science_diff,
-)
+from fl_lightning.core.run_lock import claim_run_dir, release_run_dir
+from fl_lightning.core.rundir import RunDirError, has_results, read_config, read_summary, run_status, science_diff
 from fl_lightning.experiments.report import Published, write_report
 from fl_lightning.lightning_cli import resolve_config
 from fl_lightning.methods import METHODS

@@ -42,7 +42,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fl_lightning import rules
 from fl_lightning.core.rounds import RoundPlan, RoundState
-from fl_lightning.core.rundir import RunDirClaim
+from fl_lightning.core.run_lock import RunDirClaim
 from fl_lightning.flower.build import FlowerSetup, build, split_options
 from fl_lightning.flower.messages import get_tree, get_weights, put_tree, put_weights
 from fl_lightning.recorder import RunRecorder, run_info
