@@ -18,18 +18,20 @@ def simulate(
     run_dir: str | None = None,
     num_cpus: int = 1,
     round_timeout: float | None = None,
+    node_wait: float = 600.0,
 ) -> list[dict[str, float]]:
     """Run the federation of ``config`` (and ``options``) in Flower's simulation runtime; its evaluated rounds.
 
     Each client of the config is one virtual SuperNode (Flower sets its ``partition-id``); ``num_cpus`` ClientApps
     train at once (Ray actors of one CPU each). The server writes the run into ``run_dir`` (default: the config's
-    ``trainer.default_root_dir``). Raises :class:`~fl_lightning.flower.server_app.FlowerRunError` (or whatever else
+    ``trainer.default_root_dir``). ``node_wait`` bounds the seconds to wait for the virtual nodes to come up (Ray
+    starts their processes, slowly on a busy machine). Raises :class:`~fl_lightning.flower.server_app.FlowerRunError` (or whatever else
     ended the run) when the run did not complete.
     """
     setup = server_setup(config, options, run_dir)
     outcome: list[Any] = []
     option_text = options if isinstance(options, str) else shlex.join(options or [])
-    server = server_app(setup=setup, round_timeout=round_timeout, on_done=outcome.append, node_wait=60.0)
+    server = server_app(setup=setup, round_timeout=round_timeout, on_done=outcome.append, node_wait=node_wait)
     backend: dict[str, Any] = {
         "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
         "init_args": {"num_cpus": num_cpus, "num_gpus": 0},
