@@ -25,8 +25,9 @@ def simulate(
     Each client of the config is one virtual SuperNode (Flower sets its ``partition-id``); ``num_cpus`` ClientApps
     train at once (Ray actors of one CPU each). The server writes the run into ``run_dir`` (default: the config's
     ``trainer.default_root_dir``). ``node_wait`` bounds the seconds to wait for the virtual nodes to come up (Ray
-    starts their processes, slowly on a busy machine). Raises :class:`~fl_lightning.flower.server_app.FlowerRunError` (or whatever else
-    ended the run) when the run did not complete.
+    starts their processes, slowly on a busy machine). Raises
+    :class:`~fl_lightning.flower.server_app.FlowerRunError` (or whatever else ended the run) when the run did not
+    complete.
     """
     setup = server_setup(config, options, run_dir)
     outcome: list[Any] = []
