@@ -31,7 +31,10 @@ def _free_port() -> int:
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")}
+    # A clean environment: what other tests of this process left behind (a master port, a run directory, a rank)
+    # must not reach the launchers.
+    keep = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV", "WANDB_MODE", "WANDB_SILENT")
+    env = {k: os.environ[k] for k in keep if k in os.environ}
     return {**env, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", **extra}
 
 
@@ -61,7 +64,8 @@ def _two_nodes(
         except subprocess.TimeoutExpired:
             for p in procs:
                 p.kill()
-            raise AssertionError(f"a node did not exit within {LIMIT_S} s") from None
+            said = "\n---\n".join((p.communicate()[0] or "")[-3000:] for p in procs)
+            raise AssertionError(f"a node did not exit within {LIMIT_S} s:\n{said}") from None
         outputs.append(out)
         codes.append(proc.returncode)
     return codes, outputs, time.monotonic() - start

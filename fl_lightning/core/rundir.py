@@ -20,9 +20,11 @@ from typing import Any
 import yaml
 
 from fl_lightning.core.files import DamagedCheckpoint, verify_checkpoint
-from fl_lightning.core.run_lock import RunDirError, RunDirInUse, RunDirLost, move_claimed
 
-__all__ = ["RunDirError", "RunDirInUse", "RunDirLost"]  # the errors of run directories, defined beside the lock
+# The errors of run directories are defined beside the lock; importing them from here keeps working.
+from fl_lightning.core.run_lock import RunDirError, move_claimed
+from fl_lightning.core.run_lock import RunDirInUse as RunDirInUse
+from fl_lightning.core.run_lock import RunDirLost as RunDirLost
 
 #: Config keys (dotted) that may differ between a run and its resume: they do not change what is trained.
 FREE_KEYS: tuple[str, ...] = (
