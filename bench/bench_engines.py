@@ -1,6 +1,7 @@
 """Seconds per round and PyTorch operator calls per round of the sequential and batched engines.
 
-Workloads (FedAvg, SGD momentum 0.9, weight decay 1e-5, every sampled client trains E local epochs):
+Workloads (FedAvg or ``--method``, SGD momentum 0.9, weight decay 1e-5, every sampled client trains E local
+epochs):
 
 - ``quickstart``: ``configs/quickstart.yaml``: digits, ``lenet``, 10 clients Dirichlet(0.5), all sampled, E=5,
   batch 32, lr 0.05.
@@ -30,9 +31,18 @@ What is measured, per workload:
   the evaluation (shown apart as eval ops).
 - kernels/round: the same count without the operators that only make views or aliases (``view``, ``transpose``,
   ``expand``, ``detach``, ...: no kernel runs for them on a GPU), the closer proxy for GPU kernel launches.
+- With ``--gpu`` the batched engine runs twice: as ``auto`` runs it on a GPU (each full-batch step replayed as one
+  CUDA graph, ``Federation(step_capture="auto")``) and uncaptured (``batched off``); ``ran`` says which steps were
+  ``graph``, ``compile``, ``static`` or ``uncaptured`` after all. For each batched fit: the step time (the median
+  round's seconds minus one global evaluation, timed apart after the last round, over the round's stacked steps),
+  beside the arithmetic floor (the method's loss forward and backward on one full batch, counted by
+  ``torch.utils.flop_counter`` on the CPU, times the clients of a round, over ``--peak-tflops``: 989 dense bf16
+  TFLOP/s on an H100 or H200 by default), the peak GPU memory per stacked client and 200 rounds at the median.
 
 Usage: ``python bench/bench_engines.py [--workloads quickstart,tabular,fmnist_ntd,cifar10_ntd_shapes] [--rounds 3]
-[--groups 2,5] [--gpu] [--threads N] [--verbose]`` (``--gpu``: ``accelerator="gpu"``, ``precision="bf16-mixed"``)
+[--groups 2,5] [--method fedntd] [--gpu] [--peak-tflops 989] [--threads N] [--verbose]`` (``--gpu``:
+``accelerator="gpu"``, ``precision="bf16-mixed"``; ``--method``: the workloads' method, FedAvg by default, with its
+defaults on the same setting)
 """
 
 from __future__ import annotations
@@ -43,6 +53,7 @@ import os
 import platform
 import statistics
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,8 +65,11 @@ from _setting import bare_trainer, fmnist_ntd_datamodule  # bench/ is on sys.pat
 from lightning_utilities.core import rank_zero
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
 
 from fl_lightning import FedAvg, FederatedDataModule, Federation
+from fl_lightning.core.models import build_model
+from fl_lightning.methods import METHODS
 
 WORKLOADS = ("quickstart", "tabular", "fmnist_ntd", "cifar10_ntd_shapes")
 VERBOSE = False  # --verbose: show each fit's own output
@@ -68,9 +82,11 @@ class Workload:
     name: str
     describe: str
     datamodule: Callable[[], FederatedDataModule]
-    model: Callable[[], FedAvg]
+    model: Callable[[type[FedAvg]], FedAvg]
     federation: dict[str, Any] = field(default_factory=dict)
     clients_per_round: int = 1
+    #: The method (``--method``): FedAvg, or a distillation method on the same setting.
+    method: type[FedAvg] = FedAvg
 
 
 # ---- workloads ---------------------------------------------------------------------------------------------------
@@ -82,7 +98,7 @@ def quickstart() -> Workload:
         "quickstart",
         "digits, lenet, 10 clients Dir(0.5), all sampled, E=5, batch 32",
         lambda: FederatedDataModule("digits", partition="dirichlet", alpha=0.5, num_clients=10, batch_size=32),
-        lambda: FedAvg(net="lenet", lr=0.05, momentum=0.9, weight_decay=1e-5),
+        lambda method: method(net="lenet", lr=0.05, momentum=0.9, weight_decay=1e-5),
         dict(sample_ratio=1.0, local_epochs=5),
         clients_per_round=10,
     )
@@ -116,7 +132,7 @@ def tabular() -> Workload:
             num_clients=5,
             batch_size=16,
         ),
-        lambda: FedAvg(net=mlp(x.shape[1], 2), lr=0.05),
+        lambda method: method(net=mlp(x.shape[1], 2), lr=0.05),
         dict(sample_ratio=1.0, local_epochs=2),
         clients_per_round=5,
     )
@@ -128,7 +144,7 @@ def fmnist_ntd() -> Workload:
         "fmnist_ntd",
         "fashion_mnist, lenet, 100 clients shard(2), ratio 0.1, E=5, batch 50",
         fmnist_ntd_datamodule,
-        lambda: FedAvg(net="lenet", lr=0.01, momentum=0.9, weight_decay=1e-5),
+        lambda method: method(net="lenet", lr=0.01, momentum=0.9, weight_decay=1e-5),
         dict(sample_ratio=0.1, local_epochs=5, lr_decay=0.99),
         clients_per_round=10,
     )
@@ -157,7 +173,7 @@ def cifar10_ntd_shapes(train: int = 50000, test: int = 2000) -> Workload:
             crop_padding=4,
             hflip=True,
         ),
-        lambda: FedAvg(net="cnn", lr=0.01, momentum=0.9, weight_decay=1e-5),
+        lambda method: method(net="cnn", lr=0.01, momentum=0.9, weight_decay=1e-5),
         dict(sample_ratio=0.1, local_epochs=5, lr_decay=0.99),
         clients_per_round=10,
     )
@@ -244,6 +260,9 @@ class Result:
     eval_ops: int | None = None
     kernels: int | None = None
     acc: float | None = None
+    eval_seconds: float | None = None  # one global evaluation, timed apart after the last round
+    steps: int = 0  # stacked steps a round (the most local steps of any client)
+    mib_per_client: float | None = None  # peak GPU memory per stacked client
 
 
 def fit(
@@ -253,11 +272,19 @@ def fit(
     rounds: int,
     trainer_kw: dict[str, Any],
     extra: Callable[[Federation], list[L.Callback]] | None = None,
+    capture: str = "auto",
 ) -> Federation:
     """One ``Trainer.fit`` of ``rounds`` rounds of ``work`` in a fresh temporary run directory."""
     L.seed_everything(0, verbose=False)
-    dm, model = work.datamodule(), work.model()
-    fed = Federation(rounds=rounds, engine=engine, group_size=group_size, plots=False, **work.federation)
+    dm, model = work.datamodule(), work.model(work.method)
+    fed = Federation(
+        rounds=rounds,
+        engine=engine,
+        group_size=group_size,
+        step_capture=capture,
+        plots=False,
+        **work.federation,
+    )
     callbacks = [fed, *(extra(fed) if extra else [])]
     # The run's own lines (partition, rounds, done) are rank_zero_info records: shown with --verbose only.
     info = rank_zero.log  # the logger rank_zero_info writes to (Lightning points it at its own)
@@ -271,12 +298,70 @@ def fit(
     return fed
 
 
-def time_engine(work: Workload, engine: str, group: int | None, rounds: int, trainer_kw: dict[str, Any]) -> Result:
+def time_engine(
+    work: Workload, engine: str, group: int | None, rounds: int, trainer_kw: dict[str, Any], capture: str = "auto"
+) -> Result:
     """Median round seconds over ``rounds`` rounds after one warm-up round."""
-    fed = fit(work, engine, group, rounds + 1, trainer_kw)
+    timer: list[StepTimer] = []
+
+    def extra(fed: Federation) -> list[L.Callback]:
+        timer.append(StepTimer(fed))
+        return timer
+
+    fed = fit(work, engine, group, rounds + 1, trainer_kw, extra, capture)
     label = engine if group is None else f"{engine} g={group}"
+    if engine == "batched" and capture != "auto":
+        label += f" {capture}"
     seconds = statistics.median(row["round_seconds"] for row in fed.history[1:])
-    return Result(label, fed.engine_used, seconds=seconds, acc=fed.history[-1]["global_acc"])
+    used = fed.engine_used
+    cache = getattr(fed.executor, "capture", None)
+    if used == "batched" and cache is not None:
+        modes = {step.mode if step.note is None else "uncaptured" for step in cache}
+        used += f"/{'+'.join(sorted(modes)) or 'none'}"
+    res = Result(label, used, seconds=seconds, acc=fed.history[-1]["global_acc"])
+    res.eval_seconds = timer[0].eval_seconds
+    res.steps = timer[0].steps
+    memory = getattr(fed.executor, "memory", None)
+    res.mib_per_client = memory.per_client / 2**20 if memory is not None and memory.per_client else None
+    return res
+
+
+class StepTimer(L.Callback):
+    """The stacked steps of a round (the most local steps of any client) and one evaluation's seconds, timed apart."""
+
+    def __init__(self, federation: Federation) -> None:
+        self.federation = federation
+        self.steps = 0
+        self.eval_seconds: float | None = None
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        plan = self.federation.plan(trainer.current_epoch)
+        self.steps = max(plan.steps)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        self.federation.evaluate(pl_module, trainer)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        self.eval_seconds = time.perf_counter() - start
+
+
+def step_flops(work: Workload) -> int:
+    """FLOPs of one client's local step (the method's loss forward and backward on one full batch), on the CPU."""
+    dm, model = work.datamodule(), work.model(work.method)
+    dm.setup("fit")
+    x = torch.zeros(dm.batch_size, *dm.input_sample("cpu").shape)
+    y = torch.zeros(dm.batch_size, dtype=torch.long)
+    if model.net is None:  # a built-in network by name: built for the data, as configure_model does in a fit
+        model.num_classes = dm.num_classes
+        model.net = build_model(model.hparams["net"], dm.in_channels, dm.image_size, dm.num_classes)
+    if model.uses_teacher:
+        model.refresh_teacher()
+    if hasattr(model, "majority"):
+        model.majority = torch.zeros(dm.num_classes, dtype=torch.bool)
+    with FlopCounterMode(display=False) as counter:
+        model.client_loss(x, y).backward()
+    return int(counter.get_total_flops())
 
 
 def count_ops(work: Workload, engine: str, trainer_kw: dict[str, Any]) -> tuple[int, int, int, str]:
@@ -307,22 +392,44 @@ def auto_choice(work: Workload, trainer_kw: dict[str, Any]) -> str:
     return fed[0].engine_used
 
 
-def run_workload(name: str, rounds: int, groups: list[int], trainer_kw: dict[str, Any]) -> list[Result]:
+def run_workload(
+    name: str, rounds: int, groups: list[int], trainer_kw: dict[str, Any], method: type[FedAvg], peak: float | None
+) -> list[Result]:
     work = BUILDERS[name]()
-    print(f"\n== {name}: {work.describe}", flush=True)
+    work.method = method
+    print(f"\n== {name} ({method.__name__}): {work.describe}", flush=True)
     results = []
-    configs: list[tuple[str, int | None]] = [("sequential", None), ("batched", None)]
-    configs += [("batched", g) for g in groups if g < work.clients_per_round]
-    for engine, group in configs:
-        res = time_engine(work, engine, group, rounds, trainer_kw)
-        if group is None:
+    gpu = trainer_kw.get("accelerator") == "gpu"
+    configs: list[tuple[str, int | None, str]] = [("sequential", None, "auto"), ("batched", None, "auto")]
+    if gpu:  # auto captures on a GPU: the uncaptured step beside it
+        configs.append(("batched", None, "off"))
+    configs += [("batched", g, "auto") for g in groups if g < work.clients_per_round]
+    for engine, group, capture in configs:
+        res = time_engine(work, engine, group, rounds, trainer_kw, capture)
+        if group is None and capture == "auto":
             res.ops, res.eval_ops, res.kernels, _ = count_ops(work, engine, trainer_kw)
         results.append(res)
         ops = f"{res.ops:>9,d} ops/round (eval {res.eval_ops:,d}), {res.kernels:,d} kernels" if res.ops else ""
         used = "" if res.used == engine else f" [ran {res.used}]"
-        print(f"  {res.engine:<14}{used} {res.seconds:8.3f} s/round  acc {res.acc:.4f}  {ops}", flush=True)
+        print(f"  {res.engine:<18}{used} {res.seconds:8.3f} s/round  acc {res.acc:.4f}  {ops}", flush=True)
     results.append(Result("auto", auto_choice(work, trainer_kw)))
     print(f"  auto           -> {results[-1].used}", flush=True)
+    flops = step_flops(work) * work.clients_per_round
+    for res in results[1:]:
+        if res.engine.startswith("batched") and res.seconds and res.eval_seconds is not None and res.steps:
+            step = (res.seconds - res.eval_seconds) / res.steps
+            floor = (
+                f", floor {flops / peak * 1e3:.3f} ms ({flops / 1e9:.2f} GFLOP at {peak / 1e12:.0f} TFLOP/s)"
+                if peak
+                else f" ({flops / 1e9:.2f} GFLOP)"
+            )
+            memory = f", {res.mib_per_client:.1f} MiB/client" if res.mib_per_client else ""
+            print(
+                f"  {res.engine:<18} step {step * 1e3:.3f} ms (round {res.seconds:.3f} s - eval "
+                f"{res.eval_seconds:.3f} s over {res.steps} steps){floor}{memory}; "
+                f"200 rounds {200 * res.seconds:.1f} s",
+                flush=True,
+            )
     return results
 
 
@@ -340,7 +447,16 @@ def main() -> None:
     parser.add_argument("--gpu", action="store_true", help='accelerator="gpu", precision="bf16-mixed"')
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: as is)")
     parser.add_argument("--verbose", action="store_true", help="show each fit's own output")
+    parser.add_argument("--method", default="fedavg", help="the method trained (a name in fl_lightning.METHODS)")
+    parser.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=None,
+        help="the GPU's dense bf16 rate for the step's arithmetic floor (default: 989 on an H100 or H200)",
+    )
     args = parser.parse_args()
+    if args.method not in METHODS:
+        parser.error(f"unknown method {args.method!r}; choose from {', '.join(METHODS)}")
     global VERBOSE
     VERBOSE = args.verbose
     names = [w for w in args.workloads.split(",") if w]
@@ -359,7 +475,11 @@ def main() -> None:
     device = "GPU bf16-mixed" if args.gpu else "CPU fp32"
     print(host())
     print(f"device: {device}; {args.rounds} measured rounds (+1 warm-up) per fit")
-    table = {name: run_workload(name, args.rounds, groups, trainer_kw) for name in names}
+    peak = args.peak_tflops * 1e12 if args.peak_tflops else None
+    if peak is None and args.gpu and any(h in torch.cuda.get_device_name(0) for h in ("H100", "H200")):
+        peak = 989e12  # dense bf16 tensor-core rate of the SXM H100 and H200
+    method = METHODS[args.method]
+    table = {name: run_workload(name, args.rounds, groups, trainer_kw, method, peak) for name in names}
 
     print("\n" + "=" * 100)
     print(host() + f"; {device}; median of {args.rounds} rounds after 1 warm-up")
@@ -379,8 +499,15 @@ def main() -> None:
         assert seq.seconds and bat.seconds and seq.ops and bat.ops and seq.kernels and bat.kernels
         print(
             f"{'':<20}sequential/batched: {seq.seconds / bat.seconds:.2f}x s/round, "
-            f"{seq.ops / bat.ops:.1f}x ops/round, {seq.kernels / bat.kernels:.1f}x kernels/round"
+            f"{seq.ops / bat.ops:.1f}x ops/round, {seq.kernels / bat.kernels:.1f}x kernels/round; "
+            f"200 rounds batched {200 * bat.seconds:.1f} s"
         )
+        uncaptured = next((r for r in results if r.engine == "batched off"), None)
+        if uncaptured is not None and uncaptured.seconds:
+            print(
+                f"{'':<20}sequential/uncaptured batched: {seq.seconds / uncaptured.seconds:.2f}x; "
+                f"captured/uncaptured: {uncaptured.seconds / bat.seconds:.2f}x"
+            )
 
 
 if __name__ == "__main__":

@@ -10,8 +10,11 @@ and each run's global accuracy after every round, so that the two engines can be
 - the teacher methods in the FedNTD setting: ``--configs fedntd_fmnist_shard2,fedlmd_fmnist_shard2 --rounds 6``;
 - FedKA's t-CNN setting: ``--configs fedavg_fmnist_dir01,fedka_fmnist_dir01 --rounds 3 --engines batched``.
 
+An engine may name how the batched engine runs its step: ``batched:off`` (uncaptured), ``batched:graph``,
+``batched:compile`` (``Federation(step_capture=...)``; plain ``batched`` is ``auto``: a CUDA graph on a GPU).
+
 Usage: ``python bench/bench_method_engines.py [--configs quickstart] [--rounds 4] [--engines sequential,batched]
-[--gpu]``
+[--gpu]`` (engines: ``sequential``, ``batched``, ``batched:off``, ``batched:graph``, ``batched:compile``)
 """
 
 from __future__ import annotations
@@ -26,8 +29,11 @@ from _setting import ROOT, cli_fit  # bench/ is on sys.path when run as a script
 
 
 def run(config: str, engine: str, rounds: int, gpu: bool, out: Path) -> list[dict[str, str]]:
-    """One fit of ``configs/<config>.yaml`` with ``engine``; its metrics rows."""
+    """One fit of ``configs/<config>.yaml`` with ``engine`` (``batched:off``: its step uncaptured); its metrics rows."""
+    engine, _, capture = engine.partition(":")
     extra = ["--federation.rounds", str(rounds), "--federation.engine", engine]
+    if capture:
+        extra += ["--federation.step_capture", capture]
     return cli_fit(ROOT / "configs" / f"{config}.yaml", out, *extra, "--trainer.accelerator", "gpu" if gpu else "cpu")
 
 
@@ -51,8 +57,8 @@ def main() -> None:
                 seconds[engine] = statistics.median(float(r["round_seconds"]) for r in rows[1:])
                 accs = " / ".join(f"{100 * float(r['global_acc']):.2f}" for r in rows)
                 print(f"{config:28s} {engine:10s} {seconds[engine]:8.3f} s/round   acc (%) {accs}")
-            if {"sequential", "batched"} <= set(seconds):
-                print(f"{config:28s} batched speedup {seconds['sequential'] / seconds['batched']:.2f}x")
+            for engine in (e for e in engines if e.startswith("batched") and "sequential" in seconds):
+                print(f"{config:28s} {engine} speedup {seconds['sequential'] / seconds[engine]:.2f}x")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from fl_lightning.core.augment import BatchTransform
 from fl_lightning.core.batches import ClientBatches, ClientGroup
 from fl_lightning.core.context import ClientContext
 from fl_lightning.core.evaluation import Evaluation
+from fl_lightning.core.gpu_memory import PeakMemory, StackedMemory
 from fl_lightning.core.stacked_sgd import SGDSettings
 from fl_lightning.core.stacking import (
     ClientRNG,
@@ -39,6 +40,7 @@ from fl_lightning.core.stacking import (
     tensor_versions,
 )
 from fl_lightning.core.state import ClientStateStore
+from fl_lightning.core.step_capture import StepCache
 from fl_lightning.data import FederatedDataModule
 from fl_lightning.executor import ClientExecutor
 from fl_lightning.lightning_internals import count_optimizer_steps
@@ -73,7 +75,8 @@ class BatchedClients(ClientExecutor):
     attributes of one structure are trained together by :func:`~fl_lightning.stacked.train_stacked`, then each
     client's ``on_client_end`` runs on its own weights and its results go to the round
     (:meth:`~fl_lightning.executor.ClientExecutor.end_client`). A group that cannot train stacked trains one client
-    after another, and so does every later group. The arguments are :class:`~fl_lightning.executor.ClientExecutor`'s.
+    after another, and so does every later group. The arguments are :class:`~fl_lightning.executor.ClientExecutor`'s,
+    and ``capture``: the fit's cache of built (captured) steps, kept across rounds.
     """
 
     def __init__(
@@ -82,8 +85,13 @@ class BatchedClients(ClientExecutor):
         client_states: ClientStateStore,
         seed: int,
         evaluate_local: Callable[[L.LightningModule], Evaluation] | None = None,
+        capture: StepCache | None = None,
     ) -> None:
         super().__init__(datamodule, client_states, seed, evaluate_local)
+        #: The fit's built stacked steps (``None``: every step runs uncaptured, :func:`train_stacked`'s ``capture``).
+        self.capture = capture
+        #: The largest peak GPU memory per stacked client measured so far (zero off CUDA).
+        self.memory = StackedMemory()
         #: Why the clients train one by one from now on (a failure of the stacked step), or ``None``.
         self.fallback: str | None = None
         #: Told the reason when the engine falls back.
@@ -198,14 +206,17 @@ class BatchedClients(ClientExecutor):
         template = module.state_dict()
         losses = []
         for stack in stacks.values():
-            result = train_stacked(
-                module,
-                [members[i] for i in stack],
-                sgd,
-                module._clip_grad_norm,
-                on_step=functools.partial(_count_steps, opt),
-                augment=transform if random_batches else None,
-            )
+            with PeakMemory(module.device) as peak:
+                result = train_stacked(
+                    module,
+                    [members[i] for i in stack],
+                    sgd,
+                    module._clip_grad_norm,
+                    on_step=functools.partial(_count_steps, opt),
+                    augment=transform if random_batches else None,
+                    capture=self.capture,
+                )
+            self.memory.record(len(stack), peak.bytes)
             # The local weights go into the module only for a method that reads them at its client's end.
             load = overrides(module, "on_client_end", FederatedHooks) or self.evaluate_local is not None
             for k, i in enumerate(stack):

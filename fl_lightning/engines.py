@@ -20,14 +20,22 @@ from torch.func import functional_call, vmap
 
 from fl_lightning.batched import BatchedClients
 from fl_lightning.core.evaluation import Evaluation
+from fl_lightning.core.gpu_memory import GIB, MIB, PeakMemory, fitting_group, memory_budget
 from fl_lightning.core.stacking import overrides, stacked_state
 from fl_lightning.core.state import ClientStateStore
+from fl_lightning.core.step_capture import StepCache, resolve_capture
 from fl_lightning.data import FederatedDataModule
 from fl_lightning.executor import ClientExecutor, SequentialClients
 from fl_lightning.module import FedAvg
 
 #: The engines a :class:`~fl_lightning.Federation` can run a round's local updates with.
 ENGINES = ("sequential", "batched", "auto")
+#: What the run's first line adds about the stacked step, per capture mode.
+CAPTURE_NOTES = {
+    "graph": "each full-batch step replayed as one CUDA graph",
+    "compile": "each full-batch step compiled whole (torch.compile)",
+    "static": "each full-batch step one function of static tensors (uncaptured)",
+}
 #: ``auto`` on a CPU: batched when a local batch holds at most this many input values (see :func:`auto_engine`).
 AUTO_CPU_BATCH_VALUES = 8192
 
@@ -47,6 +55,8 @@ class EngineChoice:
     refusal: str | None = None
     #: The refusal as a warning, where ``batched`` was asked for (then there is no ``note``).
     warning: str | None = None
+    #: How the batched engine runs its stacked step (:func:`~fl_lightning.core.step_capture.resolve_capture`).
+    step_capture: str = "off"
 
 
 def choose_executor(
@@ -56,9 +66,13 @@ def choose_executor(
     datamodule: FederatedDataModule,
     client_states: ClientStateStore,
     seed: int,
-    group_size: int,
+    group_size: int | None,
     evaluate_local: Callable[[L.LightningModule], Evaluation] | None = None,
     on_fallback: Callable[[str], None] | None = None,
+    step_capture: str = "auto",
+    on_capture_note: Callable[[str], None] | None = None,
+    clients_per_round: int = 1,
+    memory_budget_gb: float | None = None,
 ) -> EngineChoice:
     """The executor for the ``requested`` engine (one of :data:`ENGINES`) with this Trainer, module and data.
 
@@ -72,10 +86,17 @@ def choose_executor(
         datamodule: the federated data (set up).
         client_states: where each client's persistent method state lives between rounds.
         seed: the federation's seed.
-        group_size: with the batched engine, clients trained together at most.
+        group_size: with the batched engine, clients trained together at most (``None``: all of the round's
+            ``clients_per_round`` on a CPU; on a GPU as many as fit ``memory_budget_gb``, :func:`memory_group`).
         evaluate_local: evaluates a client's local weights, for ``eval_local``; ``None`` to skip.
         on_fallback: told why, when the batched executor meets a group it cannot stack and trains sequentially.
+        step_capture: how the batched engine runs its stacked step (one of
+            :data:`~fl_lightning.core.step_capture.CAPTURE_MODES`; ``auto``: a CUDA graph on a GPU, else as it is).
+        on_capture_note: told why, when a stacked step runs uncaptured after all.
+        clients_per_round: the clients a process trains in a round (the largest useful group).
+        memory_budget_gb: GPU memory the stacked clients may use (``None``: 90 % of the free memory at fit start).
     """
+    capture = resolve_capture(step_capture, torch.device(module.device))
     engine, note, refusal = "sequential", None, None
     if requested != "sequential":
         refusal = batching_refusal(
@@ -99,14 +120,66 @@ def choose_executor(
             engine, why = auto_engine(module.device, batch_values(sample, datamodule.batch_size))
             note = f"engine auto: {engine} ({why})"
     if engine == "batched":
-        batched = BatchedClients(datamodule, client_states, seed, evaluate_local)
+        cache = StepCache(capture, on_note=on_capture_note) if capture != "off" else None
+        batched = BatchedClients(datamodule, client_states, seed, evaluate_local, cache)
         batched.on_fallback = on_fallback
-        note = note or f"engine batched: up to {group_size} clients trained together"
-        return EngineChoice(batched, "batched", group_size, note)
+        group, why = group_size or clients_per_round, ""
+        if group_size is None and module.device.type == "cuda":
+            budget = memory_budget(module.device, memory_budget_gb)
+            group, base, per_client = memory_group(module, datamodule, budget, clients_per_round)
+            why = (
+                f" (to fit {budget / GIB:.1f} GiB: about {per_client / MIB:.1f} MiB a client over "
+                f"{base / MIB:.0f} MiB, estimated)"
+            )
+        note = note or f"engine batched: up to {group} clients trained together{why}"
+        if capture != "off":
+            note += f"; {CAPTURE_NOTES[capture]}"
+        return EngineChoice(batched, "batched", group, note, step_capture=capture)
     sequential = SequentialClients(datamodule, client_states, seed, evaluate_local)
     if refusal is not None and requested == "batched":
         return EngineChoice(sequential, "sequential", None, None, refusal, warning=note)
     return EngineChoice(sequential, "sequential", None, note, refusal)
+
+
+#: A measured network step's memory times this is what :func:`memory_group` plans a client for: a method's own
+#: terms (a teacher's forward, anchors, per-client attributes) and a captured step's pool come on top.
+MEMORY_MARGIN = 1.5
+
+
+def memory_group(
+    module: L.LightningModule, datamodule: FederatedDataModule, budget: float, clients: int
+) -> tuple[int, float, float]:
+    """The group size that fits ``budget`` bytes on the module's GPU, and the fixed and per-client bytes behind it.
+
+    Measured on one step of the network's cross-entropy stacked for 1 and then 2 clients (weights, gradients,
+    momentum and activations on a full batch of zeros), in float32 (an upper bound for ``bf16-mixed``), planned with
+    a :data:`MEMORY_MARGIN`. The batched executor measures the real step in the first round
+    (:attr:`~fl_lightning.batched.BatchedClients.memory`) and the callback re-fits the group to it.
+    """
+    sample = datamodule.input_sample(module.device)
+    peaks = []
+    was_training = module.training
+    module.train()
+    try:
+        for k in (1, 2):
+            with PeakMemory(module.device) as peak:
+                params, buffers = stacked_state(module, k)
+                x = torch.zeros(k, datamodule.batch_size, *sample.shape, dtype=sample.dtype, device=sample.device)
+                y = torch.zeros(k, datamodule.batch_size, dtype=torch.long, device=sample.device)
+
+                def loss(p: dict[str, Tensor], b: dict[str, Tensor], xi: Tensor, yi: Tensor) -> Tensor:
+                    return torch.nn.functional.cross_entropy(functional_call(module, {**p, **b}, (xi,)), yi)
+
+                total = vmap(loss, randomness="error")(params, buffers, x, y).sum()
+                grads = torch.autograd.grad(total, list(params.values()))
+                momentum = [g.clone() for g in grads]
+                del total, grads, momentum, params, buffers, x, y
+            peaks.append(peak.bytes)
+    finally:
+        module.train(was_training)
+    per_client = MEMORY_MARGIN * max(peaks[1] - peaks[0], 1)
+    base = max(peaks[0] - (peaks[1] - peaks[0]), 0)
+    return fitting_group(budget, base, per_client, clients), base, per_client
 
 
 def batching_refusal(

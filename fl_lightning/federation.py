@@ -28,11 +28,13 @@ from fl_lightning.core import faults
 from fl_lightning.core.context import ServerContext
 from fl_lightning.core.distributed import rank_and_world, to_device
 from fl_lightning.core.evaluation import Evaluation
+from fl_lightning.core.gpu_memory import GIB, MIB, StackedMemory, fitting_group, memory_budget
 from fl_lightning.core.rounds import RoundPlan, RoundState, num_sampled, process_share
 from fl_lightning.core.run_lock import RunDirClaim
 from fl_lightning.core.rundir import check_checkpoint_file
 from fl_lightning.core.server import FederatedServer, server_optimizer_of, upgrade_state
 from fl_lightning.core.server_optim import ServerOptimizer
+from fl_lightning.core.step_capture import CAPTURE_MODES
 from fl_lightning.data import FederatedDataModule
 from fl_lightning.engines import ENGINES, choose_executor
 from fl_lightning.executor import ClientExecutor
@@ -77,6 +79,15 @@ class Federation(Callback, FederatedServer):
             or setting that cannot train batched says why (a warning) and trains sequentially.
         group_size: with the batched engine, at most this many clients are stacked at once (memory grows with it;
             ``None``: all of a process's clients of the round).
+        step_capture: how the batched engine runs each local step in which every client still training takes a
+            full batch (:mod:`fl_lightning.core.step_capture`): ``auto`` (``graph`` on a GPU, ``off`` elsewhere),
+            ``graph`` (recorded once as a CUDA graph and replayed), ``compile`` (``torch.compile(fullgraph=True)``),
+            ``static`` (the same function of static tensors, run as it is) or ``off`` (op by op). A step that
+            cannot be captured runs uncaptured and the run says why.
+        memory_budget_gb: on a GPU with ``group_size=None``, the GPU memory (GiB) the stacked clients may use: the
+            group is the most clients that fit, estimated at fit start and re-fitted to the peak measured in the
+            first round (``None``: 90 % of the GPU's free memory at fit start). The peak per stacked client is in
+            the run's output and ``summary.json`` (``gpu_memory_per_client_mib``).
         collapse_rounds: stop a run as ``diverged`` once its global model has been right on at most one class (it
             predicts one class for everything: chance accuracy, the papers' "Failed") in this many evaluated rounds
             in a row; the divergence round is the first of them (``None``: never; never for a one-class test set).
@@ -100,6 +111,8 @@ class Federation(Callback, FederatedServer):
         collapse_rounds: int | None = 10,
         engine: str = "sequential",
         group_size: int | None = None,
+        step_capture: str = "auto",
+        memory_budget_gb: float | None = None,
     ) -> None:
         opt = server_optimizer_of(server_optimizer, server_lr, server_momentum)
         FederatedServer.__init__(
@@ -108,6 +121,16 @@ class Federation(Callback, FederatedServer):
         _require(collapse_rounds is None or collapse_rounds > 0, f"collapse_rounds must be >= 1, got {collapse_rounds}")
         _require(engine in ENGINES, f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
         _require(group_size is None or group_size >= 1, f"group_size must be at least 1 (or None), got {group_size}")
+        _require(
+            step_capture in CAPTURE_MODES,
+            f"step_capture must be one of {', '.join(CAPTURE_MODES)}, got {step_capture!r}",
+        )
+        _require(
+            memory_budget_gb is None or memory_budget_gb > 0,
+            f"memory_budget_gb must be above 0 (or None), got {memory_budget_gb}",
+        )
+        self.step_capture, self.memory_budget_gb = step_capture, memory_budget_gb
+        self._budget: float | None = None  # bytes the group is fitted to, when the callback chooses the group size
         self.plots, self.eval_local, self.collapse_rounds = plots, eval_local, collapse_rounds
         self.engine, self.group_size = engine, group_size
         #: The engine this fit runs (``engine`` resolved at fit start: ``sequential`` or ``batched``).
@@ -188,13 +211,28 @@ class Federation(Callback, FederatedServer):
             busy = rules.busy_cpu_note(processes=trainer.num_devices)
             if busy is not None:
                 rank_zero_warn(busy)
-        group = self.group_size or num_sampled(self.dm.num_clients, self.sample_ratio)
+        per_round = num_sampled(self.dm.num_clients, self.sample_ratio)
         local = (lambda module: self.evaluate(module, trainer, split=False)) if self.eval_local else None
         choice = choose_executor(
-            self.engine, trainer, pl_module, self.dm, self.client_states, self.seed, group, local, self._fell_back
+            self.engine,
+            trainer,
+            pl_module,
+            self.dm,
+            self.client_states,
+            self.seed,
+            self.group_size,
+            local,
+            self._fell_back,
+            step_capture=self.step_capture,
+            on_capture_note=rank_zero_warn,
+            clients_per_round=per_round,
+            memory_budget_gb=self.memory_budget_gb,
         )
+        if choice.engine == "batched" and self.group_size is None and pl_module.device.type == "cuda":
+            self._budget = memory_budget(pl_module.device, self.memory_budget_gb)
         self.executor, self.engine_used, self.client_group = choice.executor, choice.engine, choice.group_size
         self.recorder.info["engine"] = choice.engine
+        self.recorder.info["step_capture"] = choice.step_capture
         self._engine_note = choice.note  # said when training starts
         if choice.warning is not None:
             rank_zero_warn(choice.warning)
@@ -314,6 +352,27 @@ class Federation(Callback, FederatedServer):
             if diverged is not None:
                 self._stop_diverged(trainer, *diverged)
         rules.step_lr_schedulers(trainer, pl_module)
+        self._fit_group_to_memory(trainer)
+
+    def _fit_group_to_memory(self, trainer: L.Trainer) -> None:
+        """Report the peak GPU memory per stacked client once measured; re-fit a chosen group size to it."""
+        memory = getattr(self.executor, "memory", None)
+        if not isinstance(memory, StackedMemory) or memory.per_client <= 0 or self.recorder is None:
+            return
+        mib = round(memory.per_client / MIB, 1)
+        if self.recorder.info.get("gpu_memory_per_client_mib") != mib:
+            self.recorder.info["gpu_memory_per_client_mib"] = mib
+            self.recorder.say(trainer, memory.describe())
+        if self._budget is not None and self.client_group is not None:
+            clients = num_sampled(self.dm.num_clients, self.sample_ratio) if self.dm is not None else self.client_group
+            fitted = fitting_group(self._budget, 0.0, memory.per_client, clients)
+            if fitted != self.client_group:
+                self.recorder.say(
+                    trainer,
+                    f"engine batched: up to {fitted} clients trained together from the next round "
+                    f"(to fit {self._budget / GIB:.1f} GiB at the measured peak)",
+                )
+                self.client_group = fitted
 
     def _stop_diverged(self, trainer: L.Trainer, round_number: int, reason: str) -> None:
         """End the run as ``diverged`` in ``round_number``: its record says so and the Trainer stops."""

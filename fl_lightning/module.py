@@ -72,6 +72,8 @@ class FederatedHooks:
     #: The attributes ``on_client_start`` sets per client and ``client_loss`` (or :meth:`local_gradient`) reads:
     #: tensors, ``None`` or containers of them. The batched engine stacks them over the clients it trains together
     #: and binds each client's own while its loss runs; it refuses a method whose ``on_client_start`` sets others.
+    #: On a GPU its step is recorded as a CUDA graph: what ``client_loss`` reads besides these (the module's tensors,
+    #: its public settings) is fixed at recording, and a private attribute changed between rounds is not seen.
     client_attributes: ClassVar[tuple[str, ...]] = ()
     #: Whether the batched engine (``--federation.engine batched``) may train this method's clients together.
     batchable: ClassVar[bool] = True

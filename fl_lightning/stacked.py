@@ -29,12 +29,21 @@ from fl_lightning.core.stacked_sgd import SGDSettings, clip_per_client, sgd_step
 from fl_lightning.core.stacking import (
     ClientRNG,
     StackedResult,
+    attribute_structure,
     bind_leaves,
     bound_attributes,
     overrides,
     stack_attributes,
     stacked_state,
     tensor_aliases,
+)
+from fl_lightning.core.step_capture import (
+    CapturedStep,
+    StepCache,
+    allocate_state,
+    make_step,
+    module_fingerprint,
+    reached_parameters,
 )
 from fl_lightning.data import ClientBatches
 from fl_lightning.module import FedAvg, FederatedHooks, has_batch_norm
@@ -135,6 +144,7 @@ def train_stacked(
     on_step: Callable[[int], None] | None = None,
     pad: bool | None = None,
     augment: BatchTransform | None = None,
+    capture: StepCache | None = None,
 ) -> StackedResult:
     """Train ``clients`` together from the module's current weights; the module itself is left unchanged.
 
@@ -147,6 +157,9 @@ def train_stacked(
     the clients take a full batch); else it selects the full-batch clients. ``on_step(n)`` is told how many client
     steps each stacked step took.
     ``augment``: the datamodule's transform, so that clients with random batches (``rng``) are gathered too.
+    ``capture``: run every step in which each client still training takes a full batch as one built step
+    (:mod:`~fl_lightning.core.step_capture`: a replayed CUDA graph, a compiled or a plain function of static
+    tensors, kept in the cache across rounds); the other steps run as described above, on the same tensors.
     """
     k = len(clients)
     template, attr_stack = stack_attributes([c.attributes for c in clients])
@@ -172,15 +185,56 @@ def train_stacked(
     loss_sums = torch.zeros(k, dtype=torch.float64, device=device)
     gather = _Gather.of(clients, augment)
     steps_on_device = torch.tensor(steps, device=device)
+    runner: CapturedStep | None = None  # the built step this call runs, once a step fits it
+    capturing = capture is not None and bool(params)  # until the cache refuses this stack's step
+    momentum_started = False  # whether the momentum buffers hold a first step (known here without asking the device)
     for i in range(max(steps, default=0)):
         active = [j for j in range(k) if steps[j] > i]
-        batches = gather.step(i, active) if gather is not None else _read(clients, active)
+        joined: tuple[Tensor, Tensor] | None = None
+        if gather is not None:
+            joined, sizes = gather.joined(i, active)
+            batches = dict(zip(active, zip(joined[0].split(sizes), joined[1].split(sizes), strict=True), strict=True))
+        else:
+            batches = _read(clients, active)
         full_shape = max((tuple(batches[j][0].shape) for j in active), key=lambda shape: shape[0])
         full = [j for j in active if tuple(batches[j][0].shape) == full_shape]
         short: dict[tuple, list[int]] = {}
         for j in active:
             if j not in full:
                 short.setdefault(tuple(batches[j][0].shape), []).append(j)
+        if capture is not None and capturing and not short:
+            if runner is None:
+                runner = _built_step(
+                    capture,
+                    module,
+                    plain_loss,
+                    template,
+                    attr_stack,
+                    params,
+                    buffers,
+                    batches,
+                    active,
+                    sgd,
+                    clip_grad_norm,
+                    device,
+                )
+                capturing = runner is not None
+                if runner is not None:  # from now on the step's static tensors are the clients' state
+                    _adopt(runner, params, buffers, attr_stack, steps, momentum_buffers, loss_sums, i)
+                    momentum_started = momentum_started or any(b is not None for b in momentum_buffers)
+                    params, buffers, loss_sums = runner.state.params, runner.state.buffers, runner.state.loss_sums
+            if runner is not None and tuple(runner.state.x.shape[1:]) == full_shape:
+                _fill(runner, batches, active, joined, k)
+                runner()
+                momentum_started = True
+                if runner.note is not None:
+                    capture.note(runner.note)
+                if on_step is not None:
+                    on_step(len(active))
+                continue
+        if runner is not None and momentum_started:  # this step's SGD updates the static momentum in place
+            for name, buf in zip(runner.used, runner.state.momentum, strict=True):
+                momentum_buffers[names.index(name)] = buf
         sample_w: dict[int, Tensor] | None = None
         if weighted_fn is not None and short and len(active) > 1 and all(s[1:] == full_shape[1:] for s in short):
             # Short batches padded to the full one (their own samples repeated, weight 0): one call for the step.
@@ -286,11 +340,133 @@ def train_stacked(
                 sgd_step([stack[n] for n in used], [grads[n] for n in used], buffers_used, sgd, mask)
             for n, momentum in zip(used, buffers_used, strict=True):
                 momentum_buffers[n] = momentum
+            if runner is not None:  # the built step's own bookkeeping follows the step taken here
+                if not momentum_started and sgd.momentum != 0:
+                    for name, buf in zip(runner.used, runner.state.momentum, strict=True):
+                        fresh = momentum_buffers[names.index(name)]
+                        if fresh is not None:
+                            buf.copy_(fresh)
+                    runner.state.first.fill_(False)
+                runner.state.counter.add_(1)
+        momentum_started = momentum_started or any(b is not None for b in momentum_buffers)
         if on_step is not None:
             on_step(len(active))
     sums = loss_sums.cpu().tolist()
     losses_out = [sums[j] / steps[j] if steps[j] else 0.0 for j in range(k)]
+    if runner is not None:  # the static tensors are the next round's: hand back copies
+        return StackedResult(
+            {n: p.detach().clone() for n, p in params.items()},
+            {n: b.clone() for n, b in buffers.items()},
+            losses_out,
+            tensor_aliases(module),
+        )
     return StackedResult({n: p.detach() for n, p in params.items()}, buffers, losses_out, tensor_aliases(module))
+
+
+def _built_step(
+    cache: StepCache,
+    module: FedAvg,
+    plain_loss: Callable[[dict[str, Tensor], dict[str, Tensor], list[Tensor], Tensor, Tensor], Tensor],
+    template: Mapping[str, Any],
+    attr_stack: list[Tensor],
+    params: dict[str, Tensor],
+    buffers: dict[str, Tensor],
+    batches: Mapping[int, tuple[Tensor, Tensor]],
+    active: Sequence[int],
+    sgd: SGDSettings,
+    clip_grad_norm: float | None,
+    device: torch.device,
+) -> CapturedStep | None:
+    """The cache's step for this stack and batch shape, built (tried once on copies of the state) if need be."""
+    k = next(iter(params.values())).shape[0]
+    x0, y0 = batches[active[0]]
+    autocast = (device.type, torch.get_autocast_dtype(device.type)) if torch.is_autocast_enabled(device.type) else None
+    local_gradient = overrides(module, "local_gradient", FederatedHooks)
+    key = (
+        id(module),
+        k,
+        tuple((n, tuple(p.shape), p.dtype) for n, p in params.items()),
+        tuple((n, tuple(b.shape), b.dtype) for n, b in buffers.items()),
+        attribute_structure(dict(template)),
+        tuple((tuple(a.shape), a.dtype) for a in attr_stack),
+        (tuple(x0.shape), x0.dtype, tuple(y0.shape), y0.dtype),
+        sgd,
+        clip_grad_norm,
+        autocast,
+        local_gradient,
+        module.training,
+        str(device),
+    )
+
+    def build() -> CapturedStep:
+        loss_fn = vmap(plain_loss, randomness="error")
+        x = torch.stack([batches[j][0] for j in range(k)]) if len(active) == k else x0.expand(k, *x0.shape)
+        y = torch.stack([batches[j][1] for j in range(k)]) if len(active) == k else y0.expand(k, *y0.shape)
+        names = list(params)
+        used = names if local_gradient else reached_parameters(loss_fn, params, buffers, attr_stack, x, y)
+        gradient_fn = vmap(_local_gradient(module, template), randomness="error") if local_gradient else None
+        fn = make_step(loss_fn, names, used, sgd, clip_grad_norm, gradient_fn, autocast)
+        step = CapturedStep(
+            fn,
+            allocate_state(params, buffers, attr_stack, used, x, y),
+            cache.mode,
+            used,
+            compile_backend=cache.compile_backend,
+        )
+        trial = step.state.clone()
+        with torch.no_grad():
+            for name, p in params.items():
+                trial.params[name].copy_(p)
+            trial.x.copy_(x)
+            trial.y.copy_(y)
+        step.run(*trial.tensors())  # a loss the step cannot hold fails here, before any real step
+        return step
+
+    return cache.get(key, module_fingerprint(module, module.client_attributes), build)
+
+
+def _adopt(
+    runner: CapturedStep,
+    params: Mapping[str, Tensor],
+    buffers: Mapping[str, Tensor],
+    attr_stack: Sequence[Tensor],
+    steps: Sequence[int],
+    momentum_buffers: Sequence[Tensor | None],
+    loss_sums: Tensor,
+    taken: int,
+) -> None:
+    """Move the stack's state (``taken`` steps in) into the built step's static tensors."""
+    runner.load(params, buffers, attr_stack, steps)
+    state = runner.state
+    names = list(params)
+    with torch.no_grad():
+        held = [momentum_buffers[names.index(n)] for n in runner.used]
+        if any(b is not None for b in held):
+            for buf, value in zip(state.momentum, held, strict=True):
+                if value is not None:
+                    buf.copy_(value)
+            state.first.fill_(False)
+        state.counter.fill_(taken)
+        state.loss_sums.copy_(loss_sums)
+
+
+def _fill(
+    runner: CapturedStep,
+    batches: Mapping[int, tuple[Tensor, Tensor]],
+    active: Sequence[int],
+    joined: tuple[Tensor, Tensor] | None,
+    k: int,
+) -> None:
+    """Copy the step's batches into the static inputs (a done client's slot keeps its last batch: it is masked)."""
+    x, y = runner.state.x, runner.state.y
+    with torch.no_grad():
+        if joined is not None and len(active) == k:
+            x.view(-1, *x.shape[2:]).copy_(joined[0], non_blocking=True)
+            y.view(-1, *y.shape[2:]).copy_(joined[1], non_blocking=True)
+            return
+        for j in active:
+            x[j].copy_(batches[j][0], non_blocking=True)
+            y[j].copy_(batches[j][1], non_blocking=True)
 
 
 def _on(device: torch.device, values: list) -> Tensor:
@@ -340,6 +516,11 @@ class _Gather:
 
     def step(self, i: int, active: Sequence[int]) -> dict[int, tuple[Tensor, Tensor]]:
         """The ``i``-th batch of each client in ``active``."""
+        (x, y), sizes = self.joined(i, active)
+        return dict(zip(active, zip(x.split(sizes), y.split(sizes), strict=True), strict=True))
+
+    def joined(self, i: int, active: Sequence[int]) -> tuple[tuple[Tensor, Tensor], list[int]]:
+        """The ``i``-th batches of the clients in ``active``, one after another in one tensor, and their sizes."""
         parts = [self.positions[j][i] for j in active]
         idx = torch.cat(parts)
         x, y = self.x[idx], self.y[idx]
@@ -351,5 +532,4 @@ class _Gather:
             x = self.augment.apply(x, {key: torch.cat([d[key] for d in drawn]) for key in drawn[0]})
         elif self.transform is not None:
             x = self.transform(x)
-        sizes = [len(p) for p in parts]
-        return dict(zip(active, zip(x.split(sizes), y.split(sizes), strict=True), strict=True))
+        return (x, y), [len(p) for p in parts]

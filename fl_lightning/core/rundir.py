@@ -38,6 +38,8 @@ FREE_KEYS: tuple[str, ...] = (
     "federation.collapse_rounds",  # when a collapsed run stops; never a round's numbers
     "federation.engine",  # how the local updates run: the same science up to float rounding
     "federation.group_size",
+    "federation.step_capture",  # how the batched engine's step runs: the same step, up to float rounding
+    "federation.memory_budget_gb",
 )
 #: Trainer settings that change the numbers a run produces.
 TRAINER_SCIENCE_KEYS: tuple[str, ...] = (

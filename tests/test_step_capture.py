@@ -1,0 +1,301 @@
+"""The batched engine's step as one function of static tensors (``Federation(step_capture=...)``).
+
+On the CPU: the step that a GPU records as a CUDA graph (mode ``static``: the same function, not recorded) gives
+every method's federation (global weights, losses, client and server state) as the sequential engine does, within
+1e-5, with its steps built once and reused in later rounds; it traces as one graph (``torch.compile(fullgraph=True)``,
+no graph break) for every method; a step that cannot be built or traced says why and runs on the per-step path; the
+cache rebuilds a step when what it baked in changes. On a GPU (``gpu``): the step is captured and replayed, equal to
+the sequential engine in float32 and within a point of it after 20 rounds in ``bf16-mixed``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import bare_trainer
+from test_batched import DATA_KWARGS, STATEFUL, _case, _digits_fit, assert_same_federation, run
+from torch import Tensor, nn
+
+import fl_lightning.engines as engines
+from fl_lightning import FedAvg, FederatedDataModule, Federation
+from fl_lightning.core.gpu_memory import MIB, StackedMemory
+from fl_lightning.core.stacked_sgd import SGDSettings
+from fl_lightning.core.step_capture import CapturedStep, StepCache, module_fingerprint, resolve_capture
+from fl_lightning.methods import METHODS, FedNTD
+from fl_lightning.stacked import StackedClient, train_stacked
+
+
+def _captured(fed: Federation) -> StepCache:
+    cache = getattr(fed.executor, "capture", None)
+    assert isinstance(cache, StepCache), "the batched executor has no step cache"
+    return cache
+
+
+# ---- the modes ---------------------------------------------------------------------------------------------------
+
+
+def test_auto_captures_on_a_gpu_only_and_graph_needs_one() -> None:
+    assert resolve_capture("auto", torch.device("cpu")) == "off"
+    assert resolve_capture("auto", torch.device("cuda", 0)) == "graph"
+    for mode in ("static", "compile", "off"):
+        assert resolve_capture(mode, torch.device("cpu")) == mode
+    with pytest.raises(ValueError, match="step_capture=graph records a CUDA graph and this fit runs on cpu"):
+        resolve_capture("graph", torch.device("cpu"))
+    with pytest.raises(ValueError, match="step_capture must be one of auto, graph, compile, static, off"):
+        Federation(step_capture="cuda")
+
+
+def test_cpu_auto_runs_the_per_step_path(tmp_path: Path) -> None:
+    fed, _ = run(tmp_path, "batched")
+    assert fed.executor is not None and getattr(fed.executor, "capture", "missing") is None
+    assert fed.recorder is not None and fed.recorder.info["step_capture"] == "off"
+
+
+# ---- 3 and 4. the same science, one graph -------------------------------------------------------------------------
+
+
+def test_static_steps_are_built_once_and_equal_the_per_step_path(tmp_path: Path) -> None:
+    """Three rounds, SGD with momentum, weight decay and clipping; one build, reused.
+
+    Not bit for bit: where few clients are left the per-step path trains them alone, the static step all five
+    (masked), and a convolution over another batch count rounds differently.
+    """
+    kwargs: dict[str, Any] = {
+        "rounds": 3,
+        "model_kwargs": {"momentum": 0.9, "weight_decay": 1e-3, "clip_grad_norm": 1.0},
+        "data_kwargs": {"batch_size": 16},
+    }
+    off, off_model = run(tmp_path / "off", "batched", FedNTD, fed_kwargs={"step_capture": "off"}, **kwargs)
+    static, static_model = run(tmp_path / "static", "batched", FedNTD, fed_kwargs={"step_capture": "static"}, **kwargs)
+    assert _captured(static).builds == 1  # one stack of all 5 clients, one batch shape: rounds 2 and 3 reuse it
+    for key, value in off_model.state_dict().items():
+        torch.testing.assert_close(static_model.state_dict()[key], value, atol=1e-6, rtol=0)
+    for row_static, row_off in zip(static.history, off.history, strict=True):
+        assert row_static["train_loss"] == pytest.approx(row_off["train_loss"], abs=1e-6)
+
+
+@pytest.mark.parametrize("name", ["fedlmd", "fedka", "fedrs"])
+def test_per_client_attributes_do_not_rebuild_the_step(tmp_path: Path, name: str) -> None:
+    """Client attributes are copied into each stack: three rounds of a method that sets them build one step."""
+    fed, _ = run(
+        tmp_path,
+        "batched",
+        METHODS[name],
+        rounds=3,
+        data_kwargs=DATA_KWARGS.get(name),
+        fed_kwargs={"step_capture": "static"},
+    )
+    assert _captured(fed).builds == 1
+
+
+def _clients(data: list[list[tuple[Tensor, Tensor]]]) -> list[StackedClient]:
+    return [StackedClient(batches=iter(batches), steps=len(batches)) for batches in data]
+
+
+@pytest.mark.parametrize(
+    ("sgd", "clip"),
+    [
+        (SGDSettings(lr=0.1, momentum=0.9, weight_decay=1e-3), None),
+        (SGDSettings(lr=0.1, momentum=0.9, nesterov=True), 0.3),
+        (SGDSettings(lr=0.1, momentum=0.5, dampening=0.5, maximize=True), None),
+        (SGDSettings(lr=0.1), None),
+    ],
+    ids=["momentum-wd", "nesterov-clipped", "dampened-maximize", "plain"],
+)
+def test_static_step_with_batchnorm_short_and_finished_clients(sgd: SGDSettings, clip: float | None) -> None:
+    """Short batches (per-step path) between static steps, a client done early, BatchNorm: the per-step numbers."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(64, 3))
+    module = FedNTD(net=net, num_classes=3)
+    module.refresh_teacher()
+    sizes = [[4, 4, 2, 4], [4], [4, 4, 4, 4]]
+    data = [[(torch.randn(n, 1, 4, 4), torch.randint(0, 3, (n,))) for n in client] for client in sizes]
+    expected = train_stacked(module, _clients(data), sgd, clip)
+    cache = StepCache("static")
+    for _ in range(2):  # the second call reuses the built step, reloaded
+        taken: list[int] = []
+        got = train_stacked(module, _clients(data), sgd, clip, on_step=taken.append, capture=cache)
+        assert taken == [3, 2, 2, 2]
+        for name, value in {**expected.params, **expected.buffers}.items():
+            torch.testing.assert_close({**got.params, **got.buffers}[name], value, atol=0, rtol=0, msg=name)
+        assert got.losses == expected.losses
+    assert cache.builds == 1 and cache.notes == []
+    step = next(iter(cache))
+    # the result is a copy: the next group's stack overwrites the static tensors
+    assert all(got.params[n].data_ptr() != step.state.params[n].data_ptr() for n in got.params)
+
+
+@pytest.mark.parametrize("name", [*METHODS, "fedavgm"])
+def test_every_methods_step_is_one_graph_and_matches_sequential(
+    tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each method's step traces whole (``torch.compile(fullgraph=True)``: a graph break would fail) and its federation
+    equals the sequential engine's (weights, losses, client and server state within 1e-5).
+
+    The backend is Dynamo's ``eager``: it runs the traced graph op by op, the arithmetic of mode ``static`` (no code
+    generation: seconds per method on 2 cores); a graph break or host synchronisation is found while tracing. Digits'
+    clients take short last batches too: those steps run on the per-step path, on the same static tensors.
+    """
+    torch._dynamo.reset()
+    monkeypatch.setattr(engines, "StepCache", functools.partial(StepCache, compile_backend="eager"))
+    rounds = 2 if name in STATEFUL else 1
+    results = {}
+    for engine in ("batched", "sequential"):
+        method, fed_kwargs = _case(name)
+        fed_kwargs = {**fed_kwargs, "step_capture": "compile"} if engine == "batched" else fed_kwargs
+        results[engine] = run(
+            tmp_path, engine, method, rounds=rounds, data_kwargs=DATA_KWARGS.get(name), fed_kwargs=fed_kwargs
+        )
+    cache = _captured(results["batched"][0])
+    assert cache.notes == [], cache.notes
+    assert cache.builds >= 1 and all(step.mode == "compile" for step in cache)
+    assert_same_federation(results["batched"], results["sequential"])
+
+
+class _BreaksTheGraph(FedAvg):
+    """A loss with a Python-side effect that Dynamo cannot trace (fine in eager PyTorch)."""
+
+    def client_loss(self, x: Tensor, y: Tensor) -> Tensor:
+        torch._dynamo.graph_break()
+        return F.cross_entropy(self(x), y)
+
+
+def test_a_step_that_cannot_be_traced_says_why_and_runs_per_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    torch._dynamo.reset()
+    monkeypatch.setattr(engines, "StepCache", functools.partial(StepCache, compile_backend="eager"))
+    with pytest.warns(UserWarning, match="the stacked step runs uncaptured: it cannot run as one function"):
+        captured, _ = run(tmp_path / "compile", "batched", _BreaksTheGraph, fed_kwargs={"step_capture": "compile"})
+    off, _ = run(tmp_path / "off", "batched", _BreaksTheGraph, fed_kwargs={"step_capture": "off"})
+    assert len(_captured(captured).notes) == 1 and captured.engine_used == "batched"
+    assert captured.history[-1]["global_acc"] == off.history[-1]["global_acc"]
+
+
+# ---- the cache -----------------------------------------------------------------------------------------------------
+
+
+def test_a_changed_setting_or_replaced_tensor_rebuilds_the_step() -> None:
+    torch.manual_seed(0)
+    module = FedNTD(net=nn.Sequential(nn.Flatten(), nn.Linear(4, 3)), num_classes=3)
+    module.refresh_teacher()
+    data = [[(torch.randn(4, 4), torch.randint(0, 3, (4,)))] * 2 for _ in range(3)]
+    cache = StepCache("static")
+    sgd = SGDSettings(lr=0.1, momentum=0.9)
+    before = module_fingerprint(module)
+    train_stacked(module, _clients(data), sgd, capture=cache)
+    module.refresh_teacher()  # copies the weights in place: the step still reads them
+    train_stacked(module, _clients(data), sgd, capture=cache)
+    assert module_fingerprint(module) == before and cache.builds == 1
+    module.beta = 0.5  # a constant of the step
+    first = train_stacked(module, _clients(data), sgd, capture=cache)
+    assert cache.builds == 2
+    assert first.losses == train_stacked(module, _clients(data), sgd).losses
+    train_stacked(module, _clients(data), SGDSettings(lr=0.2, momentum=0.9), capture=cache)  # another key
+    assert cache.builds == 3 and len(list(cache)) == 2
+
+
+def test_captured_step_modes() -> None:
+    with pytest.raises(ValueError, match="graph, compile or static"):
+        StepCache("off")
+    with pytest.raises(ValueError, match="graph, compile or static"):
+        CapturedStep(lambda *args: None, None, "eager", [])  # type: ignore[arg-type]
+
+
+# ---- GPU -----------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", [*METHODS, "fedavgm"])
+def test_gpu_graph_step_matches_sequential_in_float32(tmp_path: Path, name: str) -> None:
+    """Every method's batched round, each full-batch step a replayed CUDA graph, equals the sequential one (1e-5)."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    rounds = 2 if name in STATEFUL else 1
+    seq = _digits_fit(tmp_path / "seq", "sequential", "32-true", rounds=rounds, name=name)
+    graph = _digits_fit(tmp_path / "graph", "batched", "32-true", rounds=rounds, name=name)
+    cache = _captured(graph[0])
+    assert cache.notes == [] and all(step.graph is not None for step in cache)
+    assert_same_federation(graph, seq)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["fedntd", "fedlmd"])
+def test_gpu_graph_step_in_bf16_ends_within_a_point_of_sequential(tmp_path: Path, name: str) -> None:
+    seq, _ = _digits_fit(tmp_path / "seq", "sequential", "bf16-mixed", rounds=20, name=name)
+    graph, _ = _digits_fit(tmp_path / "graph", "batched", "bf16-mixed", rounds=20, name=name)
+    assert _captured(graph).notes == []
+    assert all(math.isfinite(row["train_loss"]) for row in graph.history)
+    assert abs(graph.history[-1]["global_acc"] - seq.history[-1]["global_acc"]) <= 0.01 + 1e-9
+
+
+# ---- 5. memory ------------------------------------------------------------------------------------------------------
+
+
+class _FakePeak:
+    """PeakMemory that reports the next of the given peaks (bytes), as a GPU would for stacks of 1 and 2 clients."""
+
+    peaks: list[int] = []
+
+    def __init__(self, device: torch.device) -> None:
+        self.bytes = 0
+
+    def __enter__(self) -> _FakePeak:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bytes = _FakePeak.peaks.pop(0)
+
+
+def test_memory_group_fits_the_budget_from_two_measured_stacks(monkeypatch: pytest.MonkeyPatch) -> None:
+    dm = FederatedDataModule("digits", num_clients=5, batch_size=32)
+    dm.setup("fit")
+    module = FedAvg(net="lenet", num_classes=10, in_channels=1, image_size=8)
+    monkeypatch.setattr(engines, "PeakMemory", _FakePeak)
+    _FakePeak.peaks = [100 * MIB, 150 * MIB]  # 50 MiB a client over 50 MiB
+    group, base, per_client = engines.memory_group(module, dm, budget=500 * MIB, clients=10)
+    assert (base, per_client) == (50 * MIB, engines.MEMORY_MARGIN * 50 * MIB)
+    assert group == 6  # 50 + 6 · 75 = 500 MiB
+    _FakePeak.peaks = [100 * MIB, 150 * MIB]
+    assert engines.memory_group(module, dm, budget=10 * 2**30, clients=10)[0] == 10  # at most the round's clients
+    _FakePeak.peaks = [100 * MIB, 150 * MIB]
+    assert engines.memory_group(module, dm, budget=60 * MIB, clients=10)[0] == 1  # at least one
+
+
+def test_measured_peak_is_reported_and_refits_a_chosen_group(tmp_path: Path) -> None:
+    said: list[str] = []
+    fed = Federation(rounds=2, sample_ratio=1.0, plots=False)
+    fed.dm = FederatedDataModule("digits", num_clients=8)
+    fed.dm.setup("fit")
+    fed.recorder = SimpleNamespace(info={}, say=lambda trainer, line: said.append(line))  # type: ignore[assignment]
+    memory = StackedMemory()
+    memory.record(4, 400 * MIB)
+    fed.executor = SimpleNamespace(memory=memory)  # type: ignore[assignment]
+    fed.client_group, fed._budget = 4, 250 * MIB
+    fed._fit_group_to_memory(None)  # type: ignore[arg-type]
+    assert fed.recorder.info["gpu_memory_per_client_mib"] == 100.0
+    assert said[0] == "peak GPU memory 100.0 MiB per stacked client (400 MiB for a stack of 4)"
+    assert fed.client_group == 2 and "up to 2 clients trained together from the next round" in said[1]
+    fed._budget = None  # a group size the user set is kept
+    fed.client_group = 4
+    fed._fit_group_to_memory(None)  # type: ignore[arg-type]
+    assert fed.client_group == 4 and len(said) == 2
+
+
+@pytest.mark.gpu
+def test_gpu_group_size_is_chosen_to_fit_a_budget(tmp_path: Path) -> None:
+    """A budget too small for all 10 clients: the group is smaller, the peak per client is measured and recorded."""
+    dm = FederatedDataModule("digits", num_clients=10, partition="dirichlet", alpha=1.0, batch_size=32)
+    model = FedNTD(net="lenet", num_classes=10, in_channels=1, image_size=8, lr=0.05)
+    fed = Federation(rounds=2, engine="batched", memory_budget_gb=0.002, plots=False)
+    bare_trainer(tmp_path, fed, accelerator="gpu", devices=1, max_epochs=2).fit(model, datamodule=dm)
+    assert fed.client_group is not None and 1 <= fed.client_group < 10
+    assert fed.recorder is not None and fed.recorder.info["gpu_memory_per_client_mib"] > 0
+    assert _captured(fed).notes == []
