@@ -20,7 +20,7 @@ import contextlib
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -83,19 +83,8 @@ class StepState:
     y: Tensor
 
     def tensors(self) -> tuple[Any, ...]:
-        """The state as the step function's arguments."""
-        return (
-            self.params,
-            self.buffers,
-            self.attrs,
-            self.momentum,
-            self.first,
-            self.counter,
-            self.steps,
-            self.loss_sums,
-            self.x,
-            self.y,
-        )
+        """The state as the step function's arguments (:func:`make_step`), in field order."""
+        return tuple(getattr(self, f.name) for f in fields(self))
 
     def clone(self) -> StepState:
         """A copy to try the step on without touching this state."""
