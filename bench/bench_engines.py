@@ -32,17 +32,18 @@ What is measured, per workload:
 - kernels/round: the same count without the operators that only make views or aliases (``view``, ``transpose``,
   ``expand``, ``detach``, ...: no kernel runs for them on a GPU), the closer proxy for GPU kernel launches.
 - With ``--gpu`` the batched engine runs twice: as ``auto`` runs it on a GPU (each full-batch step replayed as one
-  CUDA graph, ``Federation(step_capture="auto")``) and uncaptured (``batched off``); ``ran`` says which steps were
-  ``graph``, ``compile``, ``static`` or ``uncaptured`` after all. For each batched fit: the step time (the median
-  round's seconds minus one global evaluation, timed apart after the last round, over the round's stacked steps),
-  beside the arithmetic floor (the method's loss forward and backward on one full batch, counted by
-  ``torch.utils.flop_counter`` on the CPU, times the clients of a round, over ``--peak-tflops``: 989 dense bf16
-  TFLOP/s on an H100 or H200 by default), the peak GPU memory per stacked client and 200 rounds at the median.
+  CUDA graph, ``Federation(step_capture="auto")``) and uncaptured (``batched off``); ``--captures off,compile``
+  adds other modes. ``ran`` says which steps were ``graph``, ``compile``, ``static`` or ``uncaptured`` after all.
+  For each batched fit: the step time (the median round's seconds minus one global evaluation, timed apart after
+  the last round, over the round's stacked steps), beside the arithmetic floor (the method's loss forward and
+  backward on one full batch, counted by ``torch.utils.flop_counter`` on the CPU, times the clients of a round, over
+  ``--peak-tflops``: 989 dense bf16 TFLOP/s on an H100 or H200 by default), the peak GPU memory per stacked client
+  and 200 rounds at the median.
 
 Usage: ``python bench/bench_engines.py [--workloads quickstart,tabular,fmnist_ntd,cifar10_ntd_shapes] [--rounds 3]
-[--groups 2,5] [--method fedntd] [--gpu] [--peak-tflops 989] [--threads N] [--verbose]`` (``--gpu``:
-``accelerator="gpu"``, ``precision="bf16-mixed"``; ``--method``: the workloads' method, FedAvg by default, with its
-defaults on the same setting)
+[--groups 2,5] [--method fedntd] [--gpu] [--captures off,compile] [--peak-tflops 989] [--threads N]
+[--verbose]`` (``--gpu``: ``accelerator="gpu"``, ``precision="bf16-mixed"``; ``--method``: the workloads' method,
+FedAvg by default, with its defaults on the same setting)
 """
 
 from __future__ import annotations
@@ -393,16 +394,20 @@ def auto_choice(work: Workload, trainer_kw: dict[str, Any]) -> str:
 
 
 def run_workload(
-    name: str, rounds: int, groups: list[int], trainer_kw: dict[str, Any], method: type[FedAvg], peak: float | None
+    name: str,
+    rounds: int,
+    groups: list[int],
+    trainer_kw: dict[str, Any],
+    method: type[FedAvg],
+    peak: float | None,
+    captures: list[str],
 ) -> list[Result]:
     work = BUILDERS[name]()
     work.method = method
     print(f"\n== {name} ({method.__name__}): {work.describe}", flush=True)
     results = []
-    gpu = trainer_kw.get("accelerator") == "gpu"
     configs: list[tuple[str, int | None, str]] = [("sequential", None, "auto"), ("batched", None, "auto")]
-    if gpu:  # auto captures on a GPU: the uncaptured step beside it
-        configs.append(("batched", None, "off"))
+    configs += [("batched", None, capture) for capture in captures if capture != "auto"]
     configs += [("batched", g, "auto") for g in groups if g < work.clients_per_round]
     for engine, group, capture in configs:
         res = time_engine(work, engine, group, rounds, trainer_kw, capture)
@@ -449,6 +454,11 @@ def main() -> None:
     parser.add_argument("--verbose", action="store_true", help="show each fit's own output")
     parser.add_argument("--method", default="fedavg", help="the method trained (a name in fl_lightning.METHODS)")
     parser.add_argument(
+        "--captures",
+        default=None,
+        help="comma-separated step_capture modes the batched engine runs besides auto (default: off with --gpu)",
+    )
+    parser.add_argument(
         "--peak-tflops",
         type=float,
         default=None,
@@ -479,7 +489,11 @@ def main() -> None:
     if peak is None and args.gpu and any(h in torch.cuda.get_device_name(0) for h in ("H100", "H200")):
         peak = 989e12  # dense bf16 tensor-core rate of the SXM H100 and H200
     method = METHODS[args.method]
-    table = {name: run_workload(name, args.rounds, groups, trainer_kw, method, peak) for name in names}
+    captures = [c for c in (args.captures if args.captures is not None else "off" if args.gpu else "").split(",") if c]
+    bad = [c for c in captures if c not in ("auto", "graph", "compile", "static", "off")]
+    if bad:
+        parser.error(f"unknown step_capture modes {bad}; choose from auto, graph, compile, static, off")
+    table = {name: run_workload(name, args.rounds, groups, trainer_kw, method, peak, captures) for name in names}
 
     print("\n" + "=" * 100)
     print(host() + f"; {device}; median of {args.rounds} rounds after 1 warm-up")

@@ -33,7 +33,7 @@ ENGINES = ("sequential", "batched", "auto")
 #: What the run's first line adds about the stacked step, per capture mode.
 CAPTURE_NOTES = {
     "graph": "each full-batch step replayed as one CUDA graph",
-    "compile": "each full-batch step compiled whole (torch.compile)",
+    "compile": "each full-batch step compiled whole (torch.compile; on a GPU replayed as one CUDA graph)",
     "static": "each full-batch step one function of static tensors (uncaptured)",
 }
 #: ``auto`` on a CPU: batched when a local batch holds at most this many input values (see :func:`auto_engine`).

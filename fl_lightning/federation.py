@@ -81,7 +81,8 @@ class Federation(Callback, FederatedServer):
             ``None``: all of a process's clients of the round).
         step_capture: how the batched engine runs each local step in which every client still training takes a
             full batch (:mod:`fl_lightning.core.step_capture`): ``auto`` (``graph`` on a GPU, ``off`` elsewhere),
-            ``graph`` (recorded once as a CUDA graph and replayed), ``compile`` (``torch.compile(fullgraph=True)``),
+            ``graph`` (recorded once as a CUDA graph and replayed), ``compile`` (``torch.compile(fullgraph=True)``,
+            and on a GPU recorded as a CUDA graph too),
             ``static`` (the same function of static tensors, run as it is) or ``off`` (op by op). A step that
             cannot be captured runs uncaptured and the run says why.
         memory_budget_gb: on a GPU with ``group_size=None``, the GPU memory (GiB) the stacked clients may use: the

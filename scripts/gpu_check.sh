@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # The GPU checks in one run, for a machine with a CUDA GPU and PyTorch + Lightning installed (no virtual environment
 # needed: the checkout is put on PYTHONPATH). Every piece has its own time limit and the whole run stays under
-# 6 minutes, so that it can run twice within 15 minutes of GPU time:
+# 6.5 minutes, so that it can run twice within 15 minutes of GPU time:
 #
-#   1. the tests marked `gpu` (120 s): the captured step equals the sequential engine in float32 for every method and
+#   1. the tests marked `gpu` (100 s): the captured step equals the sequential engine in float32 for every method and
 #      ends within a point of it after 20 rounds in bf16-mixed; the group size fits a memory budget; every method
 #      trains batched in bf16-mixed;
-#   2. bench/bench_engines.py --gpu --method fedntd on the Fashion-MNIST and CIFAR-10-shaped FedNTD settings (150 s):
-#      sequential, batched (captured) and batched uncaptured, the step time beside its arithmetic floor, 200 rounds;
-#   3. FedNTD and FedLMD through cli.py fit, sequential against batched (90 s).
+#   2. bench/bench_engines.py --gpu --method fedntd on the Fashion-MNIST and CIFAR-10-shaped FedNTD settings (130 s):
+#      sequential, batched (its step a CUDA graph) and batched uncaptured, each step's time beside its arithmetic
+#      floor, the peak memory per client, 200 rounds;
+#   3. the route: FedNTD in the Fashion-MNIST setting through cli.py fit, its step compiled (torch.compile, then
+#      recorded) against recorded as it is (80 s);
+#   4. FedNTD and FedLMD through cli.py fit, sequential against batched (80 s).
 #
 # Logs go to $OUT (default /tmp/gpu_check). Fashion-MNIST is read from ./data or Debian's folder: from a machine
 # without it, copy the IDX files into ./data first (30 MB).
@@ -29,13 +32,16 @@ if torch.cuda.is_available():
 EOF
 status=0
 start=$SECONDS
-timeout 120 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_step_capture.py tests/test_batched.py \
+timeout 100 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_step_capture.py tests/test_batched.py \
   tests/test_engine.py tests/test_server_optim.py 2>&1 | tee "$OUT/gpu_tests.log" || status=1
 echo "tests: $((SECONDS - start)) s" | tee -a "$OUT/gpu_tests.log"
-timeout 150 "$PY" bench/bench_engines.py --gpu --method fedntd --rounds 3 --groups "" \
+timeout 130 "$PY" bench/bench_engines.py --gpu --method fedntd --rounds 3 --groups "" \
   --workloads fmnist_ntd,cifar10_ntd_shapes 2>&1 | tee "$OUT/bench_engines_gpu.log" || status=1
 echo "bench_engines: $((SECONDS - start)) s" | tee -a "$OUT/bench_engines_gpu.log"
-timeout 90 "$PY" bench/bench_method_engines.py --gpu --rounds 4 --configs fedntd_fmnist_shard2,fedlmd_fmnist_shard2 \
+timeout 80 "$PY" bench/bench_method_engines.py --gpu --rounds 4 --configs fedntd_fmnist_shard2 \
+  --engines batched:graph,batched:compile 2>&1 | tee "$OUT/bench_route_gpu.log" || status=1
+echo "route: $((SECONDS - start)) s" | tee -a "$OUT/bench_route_gpu.log"
+timeout 80 "$PY" bench/bench_method_engines.py --gpu --rounds 4 --configs fedntd_fmnist_shard2,fedlmd_fmnist_shard2 \
   2>&1 | tee "$OUT/bench_methods_gpu.log" || status=1
 echo "all: $((SECONDS - start)) s, status $status" | tee -a "$OUT/bench_methods_gpu.log"
 exit "$status"

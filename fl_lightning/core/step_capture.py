@@ -231,9 +231,10 @@ class CapturedStep:
     """A built step: its static :class:`StepState` and how it runs (``graph``, ``compile`` or ``static``).
 
     ``graph`` runs the first ``warmup`` steps as plain calls on a side stream (CUDA's rule before a capture), then
-    records the step into a CUDA graph and from then on replays it. A capture that fails (the step syncs with the host,
-    or does an operation a graph cannot hold) leaves the state untouched: the step then runs as plain calls and
-    :attr:`note` says why.
+    records the step into a CUDA graph and from then on replays it. ``compile`` compiles the step whole
+    (``torch.compile(fullgraph=True)``: fewer, fused kernels) and on a CUDA device records the compiled step the same
+    way. A capture that fails (the step syncs with the host, or does an operation a graph cannot hold) leaves the
+    state untouched: the step then runs unrecorded and :attr:`note` says why.
     """
 
     def __init__(
@@ -253,6 +254,8 @@ class CapturedStep:
         self.run: Callable[..., None] = (
             torch.compile(fn, fullgraph=True, backend=compile_backend) if mode == "compile" else fn
         )
+        #: Whether the step is recorded as a CUDA graph (``graph``, and ``compile`` on a CUDA device).
+        self.records = mode == "graph" or (mode == "compile" and state.x.is_cuda)
         self.graph: Any = None
         self.calls = 0
         #: Why the step runs uncaptured after all (``None``: it runs as its mode says).
@@ -283,7 +286,7 @@ class CapturedStep:
 
     def __call__(self) -> None:
         """Take one step on the batch in the state's input slots."""
-        if self.mode != "graph" or self.note is not None:
+        if not self.records or self.note is not None:
             self.run(*self.state.tensors())
             return
         if self.graph is not None:
@@ -294,17 +297,17 @@ class CapturedStep:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                self.fn(*self.state.tensors())
+                self.run(*self.state.tensors())
             torch.cuda.current_stream().wait_stream(side)
             return
         graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.graph(graph):
-                self.fn(*self.state.tensors())
-        except Exception as err:  # noqa: BLE001 - not capturable: run the same step uncaptured, and say why
+                self.run(*self.state.tensors())
+        except Exception as err:  # noqa: BLE001 - not capturable: run the same step unrecorded, and say why
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             self.note = f"the stacked step could not be captured as a CUDA graph ({type(err).__name__}: {first[:160]})"
-            self.fn(*self.state.tensors())
+            self.run(*self.state.tensors())
             return
         self.graph = graph
         graph.replay()  # capturing records the step; replaying takes it
