@@ -299,3 +299,60 @@ def test_gpu_group_size_is_chosen_to_fit_a_budget(tmp_path: Path) -> None:
     assert fed.client_group is not None and 1 <= fed.client_group < 10
     assert fed.recorder is not None and fed.recorder.info["gpu_memory_per_client_mib"] > 0
     assert _captured(fed).notes == []
+
+
+class _Replayed:
+    """A stand-in for a recorded CUDA graph on the CPU: replaying runs the step on the static tensors."""
+
+    def __init__(self, step: CapturedStep) -> None:
+        self.step = step
+        self.replays = 0
+
+    def replay(self) -> None:
+        self.replays += 1
+        self.step.run(*self.step.state.tensors())
+
+
+def test_graph_mode_warms_up_records_once_and_replays(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The graph runner's states on the CPU (the CUDA calls stood in for): two warm-up steps, one recording, replays.
+
+    Replays read only the static tensors, refilled each step: the result is the uncaptured one.
+    """
+    recorded: list[_Replayed] = []
+    monkeypatch.setattr(CapturedStep, "_warm_up", lambda self: self.run(*self.state.tensors()))
+    monkeypatch.setattr(CapturedStep, "_record", lambda self: recorded.append(_Replayed(self)) or recorded[-1])
+    torch.manual_seed(0)
+    module = FedNTD(net=nn.Sequential(nn.Flatten(), nn.Linear(4, 3)), num_classes=3)
+    module.refresh_teacher()
+    data = [[(torch.randn(4, 4), torch.randint(0, 3, (4,))) for _ in range(n)] for n in (6, 4, 5)]
+    sgd = SGDSettings(lr=0.1, momentum=0.9, weight_decay=1e-3)
+    expected = train_stacked(module, _clients(data), sgd)
+    cache = StepCache("graph")
+    for _ in range(2):  # two rounds
+        got = train_stacked(module, _clients(data), sgd, capture=cache)
+        for name, value in expected.params.items():
+            torch.testing.assert_close(got.params[name], value, atol=1e-6, rtol=0)
+        assert got.losses == pytest.approx(expected.losses, abs=1e-6)
+    assert len(recorded) == 1 and recorded[0].replays == 6 - 2 + 6  # round 1: after 2 warm-up steps; round 2: all
+    assert cache.notes == []
+
+
+def test_a_step_that_cannot_be_recorded_says_why_and_runs_unrecorded(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(self: CapturedStep) -> None:
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(CapturedStep, "_warm_up", lambda self: self.run(*self.state.tensors()))
+    monkeypatch.setattr(CapturedStep, "_record", refuse)
+    torch.manual_seed(0)
+    module = FedAvg(net=nn.Sequential(nn.Flatten(), nn.Linear(4, 3)), num_classes=3)
+    data = [[(torch.randn(4, 4), torch.randint(0, 3, (4,))) for _ in range(5)] for _ in range(2)]
+    sgd = SGDSettings(lr=0.1, momentum=0.9)
+    said: list[str] = []
+    got = train_stacked(module, _clients(data), sgd, capture=StepCache("graph", on_note=said.append))
+    assert said == [
+        "the stacked step could not be captured as a CUDA graph "
+        "(RuntimeError: operation not permitted when stream is capturing)"
+    ]
+    expected = train_stacked(module, _clients(data), sgd)
+    for name, value in expected.params.items():
+        torch.testing.assert_close(got.params[name], value, atol=1e-6, rtol=0)

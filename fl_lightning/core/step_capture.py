@@ -294,16 +294,10 @@ class CapturedStep:
             return
         if self.calls < self.warmup:
             self.calls += 1
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                self.run(*self.state.tensors())
-            torch.cuda.current_stream().wait_stream(side)
+            self._warm_up()
             return
-        graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph):
-                self.run(*self.state.tensors())
+            graph = self._record()
         except Exception as err:  # noqa: BLE001 - not capturable: run the same step unrecorded, and say why
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             self.note = f"the stacked step could not be captured as a CUDA graph ({type(err).__name__}: {first[:160]})"
@@ -311,6 +305,21 @@ class CapturedStep:
             return
         self.graph = graph
         graph.replay()  # capturing records the step; replaying takes it
+
+    def _warm_up(self) -> None:
+        """One step on a side stream (before a capture, CUDA's libraries must have run once off the capture)."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self.run(*self.state.tensors())
+        torch.cuda.current_stream().wait_stream(side)
+
+    def _record(self) -> Any:
+        """The step recorded as a CUDA graph (recording runs nothing: the state is as it was)."""
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self.run(*self.state.tensors())
+        return graph
 
 
 def module_fingerprint(module: nn.Module, per_client: Sequence[str] = ()) -> tuple[Hashable, ...]:
