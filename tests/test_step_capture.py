@@ -214,10 +214,12 @@ def test_captured_step_modes() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", [*METHODS, "fedavgm"])
-def test_gpu_graph_step_matches_sequential_in_float32(tmp_path: Path, name: str) -> None:
+def test_gpu_graph_step_matches_sequential_in_float32(
+    tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Every method's batched round, each full-batch step a replayed CUDA graph, equals the sequential one (1e-5)."""
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     rounds = 2 if name in STATEFUL else 1
     seq = _digits_fit(tmp_path / "seq", "sequential", "32-true", rounds=rounds, name=name)
     graph = _digits_fit(tmp_path / "graph", "batched", "32-true", rounds=rounds, name=name)
