@@ -78,13 +78,12 @@ class Federation(Callback, FederatedServer):
             stacked model; the same science up to float rounding) or ``auto`` (batched where it is faster). A method
             or setting that cannot train batched says why (a warning) and trains sequentially.
         group_size: with the batched engine, at most this many clients are stacked at once (memory grows with it;
-            ``None``: all of a process's clients of the round).
+            ``None``: all of a process's clients of the round, on a GPU as many as fit ``memory_budget_gb``).
         step_capture: how the batched engine runs each local step in which every client still training takes a
             full batch (:mod:`fl_lightning.core.step_capture`): ``auto`` (``graph`` on a GPU, ``off`` elsewhere),
             ``graph`` (recorded once as a CUDA graph and replayed), ``compile`` (``torch.compile(fullgraph=True)``,
-            and on a GPU recorded as a CUDA graph too),
-            ``static`` (the same function of static tensors, run as it is) or ``off`` (op by op). A step that
-            cannot be captured runs uncaptured and the run says why.
+            on a GPU recorded as a CUDA graph too), ``static`` (the same function of static tensors, run as it is)
+            or ``off`` (op by op). A step that cannot be captured runs uncaptured and the run says why.
         memory_budget_gb: on a GPU with ``group_size=None``, the GPU memory (GiB) the stacked clients may use: the
             group is the most clients that fit, estimated at fit start and re-fitted to the peak measured in the
             first round (``None``: 90 % of the GPU's free memory at fit start). The peak per stacked client is in
