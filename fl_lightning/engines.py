@@ -57,6 +57,8 @@ class EngineChoice:
     warning: str | None = None
     #: How the batched engine runs its stacked step (:func:`~fl_lightning.core.step_capture.resolve_capture`).
     step_capture: str = "off"
+    #: The GPU memory (bytes) the group size was fitted to, where it was chosen here (``None``: it was not).
+    memory_budget: float | None = None
 
 
 def choose_executor(
@@ -123,7 +125,7 @@ def choose_executor(
         cache = StepCache(capture, on_note=on_capture_note) if capture != "off" else None
         batched = BatchedClients(datamodule, client_states, seed, evaluate_local, cache)
         batched.on_fallback = on_fallback
-        group, why = group_size or clients_per_round, ""
+        group, why, budget = group_size or clients_per_round, "", None
         if group_size is None and module.device.type == "cuda":
             budget = memory_budget(module.device, memory_budget_gb)
             group, base, per_client = memory_group(module, datamodule, budget, clients_per_round)
@@ -134,7 +136,7 @@ def choose_executor(
         note = note or f"engine batched: up to {group} clients trained together{why}"
         if capture != "off":
             note += f"; {CAPTURE_NOTES[capture]}"
-        return EngineChoice(batched, "batched", group, note, step_capture=capture)
+        return EngineChoice(batched, "batched", group, note, step_capture=capture, memory_budget=budget)
     sequential = SequentialClients(datamodule, client_states, seed, evaluate_local)
     if refusal is not None and requested == "batched":
         return EngineChoice(sequential, "sequential", None, None, refusal, warning=note)

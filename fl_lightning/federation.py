@@ -28,7 +28,7 @@ from fl_lightning.core import faults
 from fl_lightning.core.context import ServerContext
 from fl_lightning.core.distributed import rank_and_world, to_device
 from fl_lightning.core.evaluation import Evaluation
-from fl_lightning.core.gpu_memory import GIB, MIB, StackedMemory, fitting_group, memory_budget
+from fl_lightning.core.gpu_memory import GIB, MIB, StackedMemory, fitting_group
 from fl_lightning.core.rounds import RoundPlan, RoundState, num_sampled, process_share
 from fl_lightning.core.run_lock import RunDirClaim
 from fl_lightning.core.rundir import check_checkpoint_file
@@ -228,8 +228,7 @@ class Federation(Callback, FederatedServer):
             clients_per_round=per_round,
             memory_budget_gb=self.memory_budget_gb,
         )
-        if choice.engine == "batched" and self.group_size is None and pl_module.device.type == "cuda":
-            self._budget = memory_budget(pl_module.device, self.memory_budget_gb)
+        self._budget = choice.memory_budget
         self.executor, self.engine_used, self.client_group = choice.executor, choice.engine, choice.group_size
         self.recorder.info["engine"] = choice.engine
         self.recorder.info["step_capture"] = choice.step_capture

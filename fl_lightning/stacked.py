@@ -39,6 +39,8 @@ from fl_lightning.core.stacking import (
 )
 from fl_lightning.core.step_capture import (
     CapturedStep,
+    StackedGradient,
+    StackedLoss,
     StepCache,
     allocate_state,
     make_step,
@@ -186,6 +188,7 @@ def train_stacked(
     gather = _Gather.of(clients, augment)
     steps_on_device = torch.tensor(steps, device=device)
     runner: CapturedStep | None = None  # the built step this call runs, once a step fits it
+    slots: list[int] = []  # where each of the runner's momentum buffers sits in momentum_buffers
     capturing = capture is not None and bool(params)  # until the cache refuses this stack's step
     momentum_started = False  # whether the momentum buffers hold a first step (known here without asking the device)
     for i in range(max(steps, default=0)):
@@ -207,7 +210,8 @@ def train_stacked(
                 runner = _built_step(
                     capture,
                     module,
-                    plain_loss,
+                    loss_fn,
+                    gradient_fn,
                     template,
                     attr_stack,
                     params,
@@ -220,7 +224,10 @@ def train_stacked(
                 )
                 capturing = runner is not None
                 if runner is not None:  # from now on the step's static tensors are the clients' state
-                    _adopt(runner, params, buffers, attr_stack, steps, momentum_buffers, loss_sums, i)
+                    slots = [names.index(name) for name in runner.used]
+                    _adopt(
+                        runner, params, buffers, attr_stack, steps, [momentum_buffers[n] for n in slots], loss_sums, i
+                    )
                     momentum_started = momentum_started or any(b is not None for b in momentum_buffers)
                     params, buffers, loss_sums = runner.state.params, runner.state.buffers, runner.state.loss_sums
             if runner is not None and tuple(runner.state.x.shape[1:]) == full_shape:
@@ -233,8 +240,8 @@ def train_stacked(
                     on_step(len(active))
                 continue
         if runner is not None and momentum_started:  # this step's SGD updates the static momentum in place
-            for name, buf in zip(runner.used, runner.state.momentum, strict=True):
-                momentum_buffers[names.index(name)] = buf
+            for n, buf in zip(slots, runner.state.momentum, strict=True):
+                momentum_buffers[n] = buf
         sample_w: dict[int, Tensor] | None = None
         if weighted_fn is not None and short and len(active) > 1 and all(s[1:] == full_shape[1:] for s in short):
             # Short batches padded to the full one (their own samples repeated, weight 0): one call for the step.
@@ -342,8 +349,8 @@ def train_stacked(
                 momentum_buffers[n] = momentum
             if runner is not None:  # the built step's own bookkeeping follows the step taken here
                 if not momentum_started and sgd.momentum != 0:
-                    for name, buf in zip(runner.used, runner.state.momentum, strict=True):
-                        fresh = momentum_buffers[names.index(name)]
+                    for n, buf in zip(slots, runner.state.momentum, strict=True):
+                        fresh = momentum_buffers[n]
                         if fresh is not None:
                             buf.copy_(fresh)
                     runner.state.first.fill_(False)
@@ -366,7 +373,8 @@ def train_stacked(
 def _built_step(
     cache: StepCache,
     module: FedAvg,
-    plain_loss: Callable[[dict[str, Tensor], dict[str, Tensor], list[Tensor], Tensor, Tensor], Tensor],
+    loss_fn: StackedLoss,
+    gradient_fn: StackedGradient | None,
     template: Mapping[str, Any],
     attr_stack: list[Tensor],
     params: dict[str, Tensor],
@@ -377,11 +385,13 @@ def _built_step(
     clip_grad_norm: float | None,
     device: torch.device,
 ) -> CapturedStep | None:
-    """The cache's step for this stack and batch shape, built (tried once on copies of the state) if need be."""
+    """The cache's step for this stack and batch shape, built (tried once on copies of the state) if need be.
+
+    ``loss_fn`` and ``gradient_fn``: the stack's stacked loss and ``local_gradient`` (``None``: not overridden).
+    """
     k = next(iter(params.values())).shape[0]
     x0, y0 = batches[active[0]]
     autocast = (device.type, torch.get_autocast_dtype(device.type)) if torch.is_autocast_enabled(device.type) else None
-    local_gradient = overrides(module, "local_gradient", FederatedHooks)
     key = (
         id(module),
         k,
@@ -393,18 +403,16 @@ def _built_step(
         sgd,
         clip_grad_norm,
         autocast,
-        local_gradient,
+        gradient_fn is not None,
         module.training,
         str(device),
     )
 
     def build() -> CapturedStep:
-        loss_fn = vmap(plain_loss, randomness="error")
         x = torch.stack([batches[j][0] for j in range(k)]) if len(active) == k else x0.expand(k, *x0.shape)
         y = torch.stack([batches[j][1] for j in range(k)]) if len(active) == k else y0.expand(k, *y0.shape)
         names = list(params)
-        used = names if local_gradient else reached_parameters(loss_fn, params, buffers, attr_stack, x, y)
-        gradient_fn = vmap(_local_gradient(module, template), randomness="error") if local_gradient else None
+        used = names if gradient_fn is not None else reached_parameters(loss_fn, params, buffers, attr_stack, x, y)
         fn = make_step(loss_fn, names, used, sgd, clip_grad_norm, gradient_fn, autocast)
         step = CapturedStep(
             fn,
@@ -431,16 +439,14 @@ def _adopt(
     buffers: Mapping[str, Tensor],
     attr_stack: Sequence[Tensor],
     steps: Sequence[int],
-    momentum_buffers: Sequence[Tensor | None],
+    held: Sequence[Tensor | None],
     loss_sums: Tensor,
     taken: int,
 ) -> None:
-    """Move the stack's state (``taken`` steps in) into the built step's static tensors."""
+    """Move the stack's state (``taken`` steps in; ``held``: the momentum of ``runner.used``) into its tensors."""
     runner.load(params, buffers, attr_stack, steps)
     state = runner.state
-    names = list(params)
     with torch.no_grad():
-        held = [momentum_buffers[names.index(n)] for n in runner.used]
         if any(b is not None for b in held):
             for buf, value in zip(state.momentum, held, strict=True):
                 if value is not None:
@@ -513,11 +519,6 @@ class _Gather:
                 return None
             return cls(sources, augment, rngs)  # type: ignore[arg-type]
         return cls(sources, None, [])  # type: ignore[arg-type]
-
-    def step(self, i: int, active: Sequence[int]) -> dict[int, tuple[Tensor, Tensor]]:
-        """The ``i``-th batch of each client in ``active``."""
-        (x, y), sizes = self.joined(i, active)
-        return dict(zip(active, zip(x.split(sizes), y.split(sizes), strict=True), strict=True))
 
     def joined(self, i: int, active: Sequence[int]) -> tuple[tuple[Tensor, Tensor], list[int]]:
         """The ``i``-th batches of the clients in ``active``, one after another in one tensor, and their sizes."""

@@ -176,10 +176,8 @@ def test_bad_input_one_line_nothing_written(configs, client_extra, line, tmp_pat
     assert not (tmp_path / "run").exists()
 
 
-def test_in_process_grid_scaffold_equals_cli_fit(tmp_path: Path) -> None:
-    """The apps' round trip (records, client state kept on the node) without Flower's runtime: SCAFFOLD, 2 rounds."""
-    options = [*_tiny(), "--model.class_path", "fl_lightning.methods.SCAFFOLD"]
-    history = _run_in_process(tmp_path, options, [options] * 3, _nodes())
+def _assert_equals_cli_fit(tmp_path: Path, options: list[str], history: list[dict[str, float]]) -> None:
+    """The apps' two rounds equal ``cli.py fit`` with the same options (accuracy and losses within 1e-5)."""
     fit_dir = tmp_path / "fit"
     assert cli_run(["fit", "--config", QUICKSTART, *options, "--trainer.default_root_dir", str(fit_dir)]) == 0
     fit_rows = read_metrics(fit_dir)
@@ -187,6 +185,13 @@ def test_in_process_grid_scaffold_equals_cli_fit(tmp_path: Path) -> None:
     for row, fit_row in zip(history, fit_rows, strict=True):
         for key in ("global_acc", "global_loss", "train_loss"):
             assert math.isclose(row[key], float(fit_row[key]), abs_tol=1e-5), (key, row, fit_row)
+
+
+def test_in_process_grid_scaffold_equals_cli_fit(tmp_path: Path) -> None:
+    """The apps' round trip (records, client state kept on the node) without Flower's runtime: SCAFFOLD, 2 rounds."""
+    options = [*_tiny(), "--model.class_path", "fl_lightning.methods.SCAFFOLD"]
+    history = _run_in_process(tmp_path, options, [options] * 3, _nodes())
+    _assert_equals_cli_fit(tmp_path, options, history)
 
 
 # ---- faults: a client that fails in a round ----------------------------------------------------------------------
@@ -260,10 +265,4 @@ def test_every_method_through_the_apps_equals_cli_fit(method: str, tmp_path: Pat
     """Each method's state travels as the round core defines it: two rounds through the apps equal ``cli.py fit``."""
     options = [*_tiny(), "--data.num_clients", "5", *_every_method()[method]]
     history = _run_in_process(tmp_path, options, [options] * 5, _nodes(5))
-    fit_dir = tmp_path / "fit"
-    assert cli_run(["fit", "--config", QUICKSTART, *options, "--trainer.default_root_dir", str(fit_dir)]) == 0
-    fit_rows = read_metrics(fit_dir)
-    assert len(history) == len(fit_rows) == 2
-    for row, fit_row in zip(history, fit_rows, strict=True):
-        for key in ("global_acc", "global_loss", "train_loss"):
-            assert math.isclose(row[key], float(fit_row[key]), abs_tol=1e-5), (key, row, fit_row)
+    _assert_equals_cli_fit(tmp_path, options, history)

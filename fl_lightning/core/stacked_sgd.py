@@ -48,17 +48,31 @@ def clip_per_client(grads: list[Tensor], max_norm: float) -> None:
 
 
 def sgd_step(
-    params: list[Tensor], grads: list[Tensor], buffers: list[Tensor | None], sgd: SGDSettings, mask: Tensor | None
+    params: list[Tensor],
+    grads: list[Tensor],
+    buffers: list[Tensor | None],
+    sgd: SGDSettings,
+    mask: Tensor | None,
+    first: Tensor | None = None,
 ) -> None:
     """``torch.optim.SGD``'s update on stacked clients; a client whose ``mask`` is false keeps its weights.
 
     Its arithmetic, op for op, in foreach ops (one dispatch per operation for all parameters). ``buffers`` holds each
-    parameter's momentum buffer (``None`` before its first step), updated in place.
+    parameter's momentum buffer (``None`` before its first step), updated in place. With ``first`` (a ``()`` bool
+    tensor) every buffer is allocated and ``first`` says on the device whether this is their first step: no value is
+    read on the host, so the update can be recorded in a CUDA graph.
     """
     d = torch._foreach_neg(grads) if sgd.maximize else list(grads)
     if sgd.weight_decay != 0:
         d = torch._foreach_add(d, params, alpha=sgd.weight_decay)
-    if sgd.momentum != 0:
+    if sgd.momentum != 0 and first is not None:
+        allocated = [b for b in buffers if b is not None]
+        later = torch._foreach_mul(allocated, sgd.momentum)
+        torch._foreach_add_(later, d, alpha=1 - sgd.dampening)
+        for buf, di, li in zip(allocated, d, later, strict=True):
+            buf.copy_(torch.where(first, di, li))
+        d = torch._foreach_add(d, allocated, alpha=sgd.momentum) if sgd.nesterov else allocated
+    elif sgd.momentum != 0:
         fresh = [i for i, b in enumerate(buffers) if b is None]
         held = [i for i, b in enumerate(buffers) if b is not None]
         for i in fresh:

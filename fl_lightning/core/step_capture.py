@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import grad_and_value
 
-from fl_lightning.core.stacked_sgd import SGDSettings, clip_per_client
+from fl_lightning.core.stacked_sgd import SGDSettings, clip_per_client, sgd_step
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,6 @@ def make_step(
     names, used = list(names), list(used)
     if gradient_fn is not None and used != names:
         raise ValueError("a local_gradient transform needs every parameter stepped")
-    m, damp, lr, wd = sgd.momentum, sgd.dampening, sgd.lr, sgd.weight_decay
 
     def step(
         params: dict[str, Tensor],
@@ -190,21 +189,8 @@ def make_step(
                 grads = list(gradient_fn(grads, attrs))
             if clip_grad_norm is not None:
                 clip_per_client(grads, clip_grad_norm)
-            stepped = [params[n] for n in used]
-            d = torch._foreach_neg(grads) if sgd.maximize else list(grads)
-            if wd != 0:
-                d = torch._foreach_add(d, stepped, alpha=wd)
-            if m != 0:
-                later = torch._foreach_mul(momentum, m)
-                torch._foreach_add_(later, d, alpha=1 - damp)
-                fresh = [torch.where(first, di, li) for di, li in zip(d, later, strict=True)]
-                for buf, new in zip(momentum, fresh, strict=True):
-                    buf.copy_(new)
-                d = torch._foreach_add(d, momentum, alpha=m) if sgd.nesterov else list(momentum)
-            if d:  # where, not a product: a done client keeps its weights whatever its direction holds
-                zero = torch.zeros((), dtype=d[0].dtype, device=d[0].device)
-                d = [torch.where(keep.view(-1, *([1] * (t.dim() - 1))), t, zero) for t in d]
-                torch._foreach_add_(stepped, d, alpha=-lr)
+            if used:
+                sgd_step([params[n] for n in used], grads, list(momentum), sgd, keep, first=first)
             first.fill_(False)
             counter.add_(1)
 
