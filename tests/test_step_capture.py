@@ -10,8 +10,10 @@ the sequential engine in float32 and within a point of it after 20 rounds in ``b
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -27,7 +29,13 @@ import fl_lightning.engines as engines
 from fl_lightning import FedAvg, FederatedDataModule, Federation
 from fl_lightning.core.gpu_memory import MIB, StackedMemory
 from fl_lightning.core.stacked_sgd import SGDSettings
-from fl_lightning.core.step_capture import CapturedStep, StepCache, module_fingerprint, resolve_capture
+from fl_lightning.core.step_capture import (
+    CapturedStep,
+    StepCache,
+    allocate_state,
+    module_fingerprint,
+    resolve_capture,
+)
 from fl_lightning.methods import METHODS, FedNTD
 from fl_lightning.stacked import StackedClient, train_stacked
 
@@ -337,6 +345,48 @@ def test_graph_mode_warms_up_records_once_and_replays(monkeypatch: pytest.Monkey
         assert got.losses == pytest.approx(expected.losses, abs=1e-6)
     assert len(recorded) == 1 and recorded[0].replays == 6 - 2 + 6  # round 1: after 2 warm-up steps; round 2: all
     assert cache.notes == []
+
+
+def test_graph_runner_warms_up_on_a_side_stream_and_restricts_only_its_own_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The CUDA calls stood in for: warm-up steps run on a side stream of the state's device, and the capture uses
+    ``thread_local`` (a DataLoader's pin-memory thread allocating pinned memory meanwhile must not break it)."""
+    calls: list[Any] = []
+
+    class Stream:
+        def wait_stream(self, other: Any) -> None:
+            calls.append("wait")
+
+    class Graph:
+        def replay(self) -> None:
+            calls.append("replay")
+
+    @contextlib.contextmanager
+    def entered(*what: Any) -> Iterator[None]:
+        calls.append(what)
+        yield
+
+    monkeypatch.setattr(torch.cuda, "device", lambda device: entered("device", str(device)))
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", Stream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: entered("stream"))
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph, **kw: entered("capture", *sorted(kw.items())))
+    state = allocate_state({}, {}, [], [], torch.zeros(2, 3, 4), torch.zeros(2, 3, dtype=torch.long))
+    step = CapturedStep(lambda *tensors: tensors[5].add_(1), state, "graph", [])  # tensors[5]: the step counter
+    for _ in range(4):
+        step()
+    warm_up = [("device", "cpu"), "wait", ("stream",), "wait"]
+    assert calls == [
+        *warm_up,
+        *warm_up,
+        ("device", "cpu"),
+        ("capture", ("capture_error_mode", "thread_local")),
+        "replay",
+        "replay",
+    ]
+    assert int(state.counter) == 3 and step.note is None  # two warm-up steps and the (stood-in) capture ran the step
 
 
 def test_a_step_that_cannot_be_recorded_says_why_and_runs_unrecorded(monkeypatch: pytest.MonkeyPatch) -> None:

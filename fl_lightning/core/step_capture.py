@@ -294,16 +294,21 @@ class CapturedStep:
 
     def _warm_up(self) -> None:
         """One step on a side stream (before a capture, CUDA's libraries must have run once off the capture)."""
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            self.run(*self.state.tensors())
-        torch.cuda.current_stream().wait_stream(side)
+        with torch.cuda.device(self.state.x.device):
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self.run(*self.state.tensors())
+            torch.cuda.current_stream().wait_stream(side)
 
     def _record(self) -> Any:
-        """The step recorded as a CUDA graph (recording runs nothing: the state is as it was)."""
+        """The step recorded as a CUDA graph (recording runs nothing: the state is as it was).
+
+        The capture restricts only this thread (``thread_local``): under the default (``global``) a DataLoader's
+        pin-memory thread allocating pinned memory during the capture would invalidate it and fail that thread.
+        """
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.device(self.state.x.device), torch.cuda.graph(graph, capture_error_mode="thread_local"):
             self.run(*self.state.tensors())
         return graph
 
