@@ -70,6 +70,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from fl_lightning import FedAvg, FederatedDataModule, Federation
 from fl_lightning.core.models import build_model
+from fl_lightning.core.step_capture import CAPTURE_MODES
 from fl_lightning.methods import METHODS
 
 WORKLOADS = ("quickstart", "tabular", "fmnist_ntd", "cifar10_ntd_shapes")
@@ -490,9 +491,9 @@ def main() -> None:
         peak = 989e12  # dense bf16 tensor-core rate of the SXM H100 and H200
     method = METHODS[args.method]
     captures = [c for c in (args.captures if args.captures is not None else "off" if args.gpu else "").split(",") if c]
-    bad = [c for c in captures if c not in ("auto", "graph", "compile", "static", "off")]
+    bad = [c for c in captures if c not in CAPTURE_MODES]
     if bad:
-        parser.error(f"unknown step_capture modes {bad}; choose from auto, graph, compile, static, off")
+        parser.error(f"unknown step_capture modes {bad}; choose from {', '.join(CAPTURE_MODES)}")
     table = {name: run_workload(name, args.rounds, groups, trainer_kw, method, peak, captures) for name in names}
 
     print("\n" + "=" * 100)

@@ -190,7 +190,6 @@ def train_stacked(
     runner: CapturedStep | None = None  # the built step this call runs, once a step fits it
     slots: list[int] = []  # where each of the runner's momentum buffers sits in momentum_buffers
     capturing = capture is not None and bool(params)  # until the cache refuses this stack's step
-    momentum_started = False  # whether the momentum buffers hold a first step (known here without asking the device)
     for i in range(max(steps, default=0)):
         active = [j for j in range(k) if steps[j] > i]
         joined: tuple[Tensor, Tensor] | None = None
@@ -228,18 +227,16 @@ def train_stacked(
                     _adopt(
                         runner, params, buffers, attr_stack, steps, [momentum_buffers[n] for n in slots], loss_sums, i
                     )
-                    momentum_started = momentum_started or any(b is not None for b in momentum_buffers)
                     params, buffers, loss_sums = runner.state.params, runner.state.buffers, runner.state.loss_sums
             if runner is not None and tuple(runner.state.x.shape[1:]) == full_shape:
                 _fill(runner, batches, active, joined, k)
                 runner()
-                momentum_started = True
                 if runner.note is not None:
                     capture.note(runner.note)
                 if on_step is not None:
                     on_step(len(active))
                 continue
-        if runner is not None and momentum_started:  # this step's SGD updates the static momentum in place
+        if runner is not None:  # it has stepped (it runs once built): this step's SGD updates its momentum in place
             for n, buf in zip(slots, runner.state.momentum, strict=True):
                 momentum_buffers[n] = buf
         sample_w: dict[int, Tensor] | None = None
@@ -347,15 +344,8 @@ def train_stacked(
                 sgd_step([stack[n] for n in used], [grads[n] for n in used], buffers_used, sgd, mask)
             for n, momentum in zip(used, buffers_used, strict=True):
                 momentum_buffers[n] = momentum
-            if runner is not None:  # the built step's own bookkeeping follows the step taken here
-                if not momentum_started and sgd.momentum != 0:
-                    for n, buf in zip(slots, runner.state.momentum, strict=True):
-                        fresh = momentum_buffers[n]
-                        if fresh is not None:
-                            buf.copy_(fresh)
-                    runner.state.first.fill_(False)
+            if runner is not None:  # the built step's counter follows the step taken here
                 runner.state.counter.add_(1)
-        momentum_started = momentum_started or any(b is not None for b in momentum_buffers)
         if on_step is not None:
             on_step(len(active))
     sums = loss_sums.cpu().tolist()

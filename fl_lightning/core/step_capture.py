@@ -89,16 +89,14 @@ class StepState:
     def clone(self) -> StepState:
         """A copy to try the step on without touching this state."""
 
-        def c(t: Tensor) -> Tensor:
-            return t.detach().clone().requires_grad_(t.requires_grad)
+        def c(value: Any) -> Any:
+            if isinstance(value, dict):
+                return {n: c(t) for n, t in value.items()}
+            if isinstance(value, list):
+                return [c(t) for t in value]
+            return value.detach().clone().requires_grad_(value.requires_grad)
 
-        return StepState(
-            {n: c(t) for n, t in self.params.items()},
-            {n: c(t) for n, t in self.buffers.items()},
-            [c(t) for t in self.attrs],
-            [c(t) for t in self.momentum],
-            *(c(t) for t in (self.first, self.counter, self.steps, self.loss_sums, self.x, self.y)),
-        )
+        return StepState(*(c(value) for value in self.tensors()))
 
 
 def allocate_state(
