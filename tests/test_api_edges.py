@@ -168,7 +168,7 @@ def test_the_command_line_says_a_removed_run_directory_lost_the_run_with_exit_1(
 @pytest.fixture(scope="module")
 def cli_finished(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("cli_finished") / "run"
-    assert run(quickstart_fit_args(run_dir, rounds=1)) == 0
+    assert run(quickstart_fit_args(run_dir, rounds=1, plots=True)) == 0
     return run_dir
 
 
@@ -179,7 +179,7 @@ def test_a_completed_run_missing_a_file_is_finished_by_the_resume(cli_finished, 
     shutil.copytree(cli_finished, run_dir, symlinks=True)
     weights = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
     (run_dir / missing).unlink()
-    assert run(quickstart_fit_args(run_dir, "--ckpt_path", "last", rounds=1)) == 0
+    assert run(quickstart_fit_args(run_dir, "--ckpt_path", "last", rounds=1, plots=True)) == 0
     assert (run_dir / missing).is_file() and read_summary(run_dir)["status"] == "completed"
     after = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
     assert all(torch.equal(weights[k], after[k]) for k in weights)  # nothing trained again

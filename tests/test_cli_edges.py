@@ -25,7 +25,10 @@ from fl_lightning.cli import EXIT_CODES, run
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "WANDB_MODE": "offline"}
 #: A tiny quickstart fit without a run directory: it goes to the default location.
-TINY = ["--data.num_clients", "2", "--federation.local_epochs", "1", "--trainer.enable_progress_bar", "false"]
+TINY = [
+    *("--data.num_clients", "2", "--federation.local_epochs", "1"),
+    *("--trainer.enable_progress_bar", "false", "--federation.plots", "false"),
+]
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 

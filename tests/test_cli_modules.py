@@ -86,6 +86,8 @@ def fit_args(run_dir: Path, *extra: str) -> list[str]:
         "1",
         "--trainer.enable_progress_bar",
         "false",
+        "--federation.plots",
+        "false",
         "--trainer.default_root_dir",
         str(run_dir),
         *extra,

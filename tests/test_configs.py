@@ -71,6 +71,8 @@ def _tiny_overrides(config: Path, data_root: Path, run_dir: Path) -> list[str]:
         "1",
         "--federation.local_epochs",
         "1",
+        "--federation.plots",  # a config's plots are the quickstart's (test_engine, test_plots)
+        "false",
     ]
     if data["dataset"] != "digits":
         args += ["--data.root", str(data_root)]

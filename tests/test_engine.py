@@ -80,7 +80,7 @@ def test_round_is_average_of_clients(tmp_path):
 
 
 def test_digits_federation_learns_and_writes_results(tmp_path):
-    trainer, fed, _ = tiny_run(tmp_path, rounds=6, fed_kwargs={"local_epochs": 4})
+    trainer, fed, _ = tiny_run(tmp_path, rounds=6, fed_kwargs={"local_epochs": 4}, plots=True)
     rows = read_metrics(tmp_path)
     assert [int(r["round"]) for r in rows] == list(range(1, 7))
     accs = [float(r["global_acc"]) for r in rows]

@@ -40,7 +40,9 @@ TIMING = {"round_seconds", "elapsed_seconds"}
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
-fit_args = quickstart_fit_args
+def fit_args(run_dir: Path, *extra: str, rounds: int = 3) -> list[str]:
+    """A tiny quickstart fit with its plots: a finished run's files here include ``curve.png``."""
+    return quickstart_fit_args(run_dir, *extra, rounds=rounds, plots=True)
 
 
 def subprocess_fit(run_dir: Path, fault: str, *extra: str, **kwargs) -> subprocess.Popen:

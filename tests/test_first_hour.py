@@ -21,7 +21,10 @@ from fl_lightning.experiments.compare import CompareSpec
 from fl_lightning.lightning_cli import cli_main, resolve_config
 
 ROOT = Path(__file__).resolve().parent.parent
-TINY = ["--data.num_clients", "2", "--federation.rounds", "1", "--federation.local_epochs", "1"]
+TINY = [
+    *("--data.num_clients", "2", "--federation.rounds", "1", "--federation.local_epochs", "1"),
+    *("--federation.plots", "false"),
+]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
 
 

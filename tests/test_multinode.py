@@ -134,11 +134,23 @@ def test_a_failing_node_says_why_and_the_other_stops(tmp_path: Path) -> None:
     assert "error:" in outputs[0], outputs[0][-2000:]
 
 
-@pytest.mark.slow
-def test_nodes_must_name_their_run_directory(tmp_path: Path) -> None:
-    # The default runs/<config>/version_N is chosen by each process: with several nodes every one refuses at start.
-    codes, outputs, wall = _two_nodes(None)
-    assert codes[0] != 0 and codes[1] != 0, codes
-    for out in outputs:
-        assert "name its directory with --trainer.default_root_dir" in out, out[-2000:]
-    assert wall < LIMIT_S
+@pytest.mark.parametrize("launcher", [{"WORLD_SIZE": "2", "RANK": "0"}, {"SLURM_NTASKS": "2", "SLURM_PROCID": "1"}])
+def test_nodes_must_name_their_run_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], launcher: dict[str, str]
+) -> None:
+    """The default runs/<config>/version_N is chosen by each process: a launched process refuses it at start.
+
+    What torchrun (``WORLD_SIZE``) or srun (``SLURM_NTASKS``) sets is all the check reads, so one process in this one
+    stands for every node (the launchers themselves run in the tests above).
+    """
+    from fl_lightning.cli import EXIT_CODES, run
+
+    for name, value in launcher.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(tmp_path)  # where the default run directory would go
+    fit = [*FIT[1:], *QUIET]
+    fit[fit.index("configs/quickstart.yaml")] = str(ROOT / "configs/quickstart.yaml")
+    assert run(fit) == EXIT_CODES["bad input"]
+    said = capsys.readouterr().err.strip().splitlines()
+    assert said[-1].startswith("error: ") and "name its directory with --trainer.default_root_dir" in said[-1], said
+    assert list(tmp_path.iterdir()) == []

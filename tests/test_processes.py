@@ -31,36 +31,29 @@ def _rows(run_dir: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("processes")
+@pytest.mark.slow
+def test_two_processes_match_one_and_write_the_results_once(tmp_path: Path) -> None:
+    """Each method's rounds and final weights with two processes equal one process's; rank 0 alone writes the run.
+
+    One test for all (not one per method): the two federations of several processes are its cost, and pytest-xdist
+    would run a shared fixture once on each worker.
+    """
     # The two-process run stops after round 2 and resumes: its rounds 1-2 are a plain two-process run, its round 3
     # a resumed one, so one run checks both against the single process.
-    out = {"one": root / "one", "two": root / "two"}
-    _run(out["one"], 1, 3)
-    _run(out["two"], 2, 3, "--resume-from", "2")
-    return out
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("method", PROC_METHODS)
-def test_two_processes_match_one(runs: dict[str, Path], method: str) -> None:
-    one, two = _rows(runs["one"] / method), _rows(runs["two"] / method)
-    assert [r["round"] for r in two] == ["1", "2", "3"]
-    for a, b in zip(one, two, strict=True):
-        assert float(b["global_acc"]) == pytest.approx(float(a["global_acc"]), abs=1e-4)
-        assert float(b["global_loss"]) == pytest.approx(float(a["global_loss"]), abs=1e-4)
-        assert float(b["train_loss"]) == pytest.approx(float(a["train_loss"]), abs=1e-4)
-    w1 = torch.load(runs["one"] / method / "weights.pt")
-    w2 = torch.load(runs["two"] / method / "weights.pt")
-    for name, value in w1.items():
-        torch.testing.assert_close(w2[name], value, atol=1e-5, rtol=0)
-
-
-@pytest.mark.slow
-def test_results_are_written_once(runs: dict[str, Path]) -> None:
+    runs = {"one": tmp_path / "one", "two": tmp_path / "two"}
+    _run(runs["one"], 1, 3)
+    _run(runs["two"], 2, 3, "--resume-from", "2")
+    for method in PROC_METHODS:
+        one, two = _rows(runs["one"] / method), _rows(runs["two"] / method)
+        assert [r["round"] for r in two] == ["1", "2", "3"], method
+        for a, b in zip(one, two, strict=True):
+            for key in ("global_acc", "global_loss", "train_loss"):
+                assert float(b[key]) == pytest.approx(float(a[key]), abs=1e-4), (method, key)
+        w1 = torch.load(runs["one"] / method / "weights.pt")
+        w2 = torch.load(runs["two"] / method / "weights.pt")
+        for name, value in w1.items():
+            torch.testing.assert_close(w2[name], value, atol=1e-5, rtol=0, msg=f"{method}: {name}")
     run_dir = runs["two"] / "fedavg"
-    assert [int(r["round"]) for r in _rows(run_dir)] == [1, 2, 3]
     assert (run_dir / "summary.json").exists()
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["last.ckpt"]
 

@@ -28,6 +28,8 @@ TINY = [
     "1",
     "--trainer.enable_progress_bar",
     "false",
+    "--federation.plots",
+    "false",
 ]
 
 
@@ -118,7 +120,7 @@ def test_resume_with_changed_science_is_refused(done, change, key):
 
 def test_resume_may_grow_rounds_and_change_free_keys(done):
     cli_main(
-        fit_args(done, "--ckpt_path", "last", "--data.eval_batch_size", "100", "--federation.plots", "false", rounds=3)
+        fit_args(done, "--ckpt_path", "last", "--data.eval_batch_size", "100", "--federation.plots", "true", rounds=3)
     )
     rows = read_metrics(done)
     assert [r["round"] for r in rows] == ["1", "2", "3"]
