@@ -38,9 +38,7 @@ def _env(**extra: str) -> dict[str, str]:
     return {**env, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", **extra}
 
 
-def _two_nodes(
-    run_dir: Path | None, node_env: dict[int, dict[str, str]] | None = None
-) -> tuple[list[int], list[str], float]:
+def _two_nodes(run_dir: Path, node_env: dict[int, dict[str, str]] | None = None) -> tuple[list[int], list[str], float]:
     port = _free_port()
     procs = []
     start = time.monotonic()
@@ -51,8 +49,7 @@ def _two_nodes(
             "--master-addr", "127.0.0.1", "--master-port", str(port),
             *FIT, *QUIET,
             "--trainer.devices", "1", "--trainer.num_nodes", "2", "--trainer.strategy", "ddp",
-            "--trainer.accelerator", "cpu",
-            *(["--trainer.default_root_dir", str(run_dir)] if run_dir is not None else []),
+            "--trainer.accelerator", "cpu", "--trainer.default_root_dir", str(run_dir),
         ]  # fmt: skip
         env = _env(**(node_env or {}).get(rank, {}))
         out = subprocess.PIPE
