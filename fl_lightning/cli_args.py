@@ -23,8 +23,8 @@ from fl_lightning import (
     shipped_configs,
 )
 
-#: The subcommands whose section a config file may hold its settings under (``fit: {trainer: ...}``).
-_SUBCOMMANDS = ("fit", "validate", "test")
+#: ``cli.py``'s subcommands; a config file may hold its settings under a section of one (``fit: {trainer: ...}``).
+SUBCOMMANDS = ("fit", "validate", "test")
 
 
 def tensorboard_save_dir(argv: list[str]) -> list[str]:
@@ -92,7 +92,7 @@ def _names_run_dir(data: Any) -> bool:
     trainer = data.get("trainer")
     if isinstance(trainer, dict) and trainer.get("default_root_dir") is not None:
         return True
-    return any(_names_run_dir(data.get(sub)) for sub in _SUBCOMMANDS)
+    return any(_names_run_dir(data.get(sub)) for sub in SUBCOMMANDS)
 
 
 def _is_shipped(value: str) -> bool:

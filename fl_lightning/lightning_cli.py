@@ -25,6 +25,7 @@ from typing_extensions import override
 from fl_lightning import rules
 from fl_lightning.checkpoint import AtomicLastCheckpoint
 from fl_lightning.cli_args import (  # cli_args imports the methods: `--model FedNTD` resolves
+    SUBCOMMANDS,
     check_logger_package,
     check_logger_packages,
     closest_option,
@@ -45,10 +46,6 @@ from fl_lightning.federation import Federation
 from fl_lightning.progress import RoundProgressBar, quiet_lightning
 
 quiet_lightning()
-
-
-#: ``cli.py``'s subcommands.
-SUBCOMMANDS = ("fit", "validate", "test")
 
 
 class RunConfigSaver(SaveConfigCallback):
