@@ -61,9 +61,20 @@ if __name__ == "__main__":
     parser.add_argument("--size", type=int, nargs=2, default=(48, 64), metavar=("HEIGHT", "WIDTH"))
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--clients", type=int, default=4)
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--local-epochs", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=2, help="data-loading processes (main() defaults to 0)")
     parser.add_argument("--arch", default="resnet18", help="a torchvision classification model's name")
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--out", default="runs/image_folder")
     args = parser.parse_args()
-    main(args.folder, tuple(args.size), args.rounds, args.clients, 2, args.workers, args.arch, args.lr, args.out)
+    main(
+        args.folder,
+        tuple(args.size),
+        rounds=args.rounds,
+        num_clients=args.clients,
+        local_epochs=args.local_epochs,
+        workers=args.workers,
+        arch=args.arch,
+        lr=args.lr,
+        out=args.out,
+    )

@@ -260,6 +260,26 @@ def _show_warning(
 
 def _command(args: list[str], debug: bool, overwrite: bool) -> int:
     """Run the command ``args`` names and return its exit code (its modules imported here, not before)."""
+    try:
+        return _dispatch(args, debug, overwrite)
+    except BrokenPipeError:
+        if debug:
+            raise
+        return _reader_gone()
+
+
+def _reader_gone() -> int:
+    """The end of a pipe our output went to was closed (``fl-lightning configs | head -3``): stop without a word.
+
+    What is left to write (and Python's flush at exit) goes to ``os.devnull`` instead of raising again.
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_CODES["completed"]
+
+
+def _dispatch(args: list[str], debug: bool, overwrite: bool) -> int:
     from fl_lightning.cli_errors import one_line
 
     if args[0] == "configs":
@@ -295,6 +315,18 @@ def _command(args: list[str], debug: bool, overwrite: bool) -> int:
             message = "compare interrupted; run the same command again to continue (finished runs are kept)"
             return _error(message, EXIT_CODES["interrupted"])
     import fl_lightning.lightning_cli  # noqa: F401  (Lightning and torch: imported while the start-up handlers hold)
+    from fl_lightning.cli_args import SUBCOMMANDS
+
+    if not args[0].startswith("-") and args[0] not in SUBCOMMANDS:
+        import difflib
+
+        commands = [*SUBCOMMANDS, *OTHER_COMMANDS]
+        close = difflib.get_close_matches(args[0], commands, n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        return _error(
+            f"unknown command {args[0]!r}; {hint}the commands are {', '.join(commands)} (fl-lightning --help)",
+            EXIT_CODES["bad input"],
+        )
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -1,9 +1,9 @@
 """The command line's arguments before the parser reads them, and what a parser's refusal of one should say.
 
-Configs and methods by name (``--config quickstart``, ``--model fedntd``), a data source by class path, a config
-file's YAML checked with its line, the logger packages a command needs, the default run location
-(:func:`run_base`) and the closest option to a misspelt one (:func:`closest_option`). Used by
-:mod:`fl_lightning.lightning_cli`.
+Configs and methods by name (``--config quickstart``, ``--model fedntd``), a data source, partition, network or
+server optimizer by class path (a server optimizer by name too), a config file's YAML checked with its line, the
+logger packages a command needs, the default run location (:func:`run_base`) and the closest option to a misspelt one
+(:func:`closest_option`). Used by :mod:`fl_lightning.lightning_cli`.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from fl_lightning import (
     methods,  # registers the methods so that `--model FedNTD` resolves; `--model fedntd` goes through METHODS
     shipped_configs,
 )
+from fl_lightning.core import server_optim
 
 #: ``cli.py``'s subcommands; a config file may hold its settings under a section of one (``fit: {trainer: ...}``).
 SUBCOMMANDS = ("fit", "validate", "test")
@@ -187,18 +188,45 @@ def method_names(argv: list[str]) -> list[str]:
     return out
 
 
-def data_source_paths(argv: list[str]) -> list[str]:
-    """``--data.dataset mypkg.MyData``: a class path (the built-in datasets' names have no dot) as a ``DataSource``.
+#: The options that take a built-in's name or a class of your own (one of the option's type).
+CLASS_OPTIONS = ("--data.dataset", "--data.partition", "--model.net", "--federation.server_optimizer")
 
-    The option also takes a dataset's name, as which jsonargparse would otherwise take the class path.
+
+def class_paths(argv: list[str]) -> list[str]:
+    """``--data.dataset mypkg.MyData`` and the other :data:`CLASS_OPTIONS` given a class path: the option's class.
+
+    These options also take a built-in's name (which has no dot), as which jsonargparse would otherwise take the class
+    path. A server optimizer's name (``fedadam``, ``FedAdam``, any case) becomes its class's path, so that its
+    ``init_args`` can follow; an unknown one is refused with the names.
+
+    >>> class_paths(["--data.partition", "mypkg.MyPartition", "--model.net=lenet"])
+    ['--data.partition.class_path', 'mypkg.MyPartition', '--model.net=lenet']
+    >>> class_paths(["--federation.server_optimizer", "fedyogi"])
+    ['--federation.server_optimizer.class_path', 'fl_lightning.core.server_optim.FedYogi']
     """
     out = list(argv)
     for i, arg in enumerate(out):
-        if arg == "--data.dataset" and i + 1 < len(out) and _CLASS_PATH.fullmatch(out[i + 1]):
-            out[i] = "--data.dataset.class_path"
-        elif arg.startswith("--data.dataset=") and _CLASS_PATH.fullmatch(arg.split("=", 1)[1]):
-            out[i] = "--data.dataset.class_path=" + arg.split("=", 1)[1]
+        if arg in CLASS_OPTIONS and i + 1 < len(out):
+            out[i], out[i + 1] = _class_path(arg, out[i + 1])
+        elif "=" in arg and arg.split("=", 1)[0] in CLASS_OPTIONS:
+            option, value = _class_path(*arg.split("=", 1))
+            out[i] = f"{option}={value}"
     return out
+
+
+def _class_path(option: str, value: str) -> tuple[str, str]:
+    """(option, value) of one of :data:`CLASS_OPTIONS`: ``option.class_path`` for a class."""
+    if option == "--federation.server_optimizer" and value.isidentifier() and value.lower() not in ("null", "none"):
+        try:
+            cls = server_optim.server_optimizer_class(value)
+        except ValueError as err:
+            if any(sub.__name__ == value for sub in _subclasses(server_optim.ServerOptimizer)):
+                return option, value  # a server optimizer of yours that is imported: jsonargparse resolves it by name
+            raise ValueError(f"{option}: {err}") from None
+        value = f"{cls.__module__}.{cls.__qualname__}"
+    if _CLASS_PATH.fullmatch(value):
+        return f"{option}.class_path", value
+    return option, value
 
 
 _CLASS_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
@@ -240,10 +268,15 @@ def check_logger_packages(argv: list[str]) -> None:
 
 
 def closest_option(message: str, parser: argparse.ArgumentParser) -> str | None:
-    """``did you mean --x?`` for the first unknown option that a parser's ``unrecognized arguments`` names, else None.
+    """``did you mean --x?`` for the first unknown option a parser's refusal names, else None.
 
-    The closest of the parser's options by spelling, first among those of the same group (``--federation.*``).
+    The refusal is ``unrecognized arguments: --x ...`` (the command line) or ``Subcommand 'fit' does not accept
+    option 'x'`` (a config file's key); the hint is the closest of the parser's options by spelling, first among those
+    of the same group (``--federation.*``).
     """
+    in_config = re.match(r"Subcommand '\w+' does not accept option '([\w.]+)'", message)
+    if in_config is not None:
+        message = f"unrecognized arguments: --{in_config.group(1)}"
     if not message.startswith("unrecognized arguments:"):
         return None
     known = [option for option in parser._option_string_actions if option.startswith("--")]
@@ -258,3 +291,13 @@ def closest_option(message: str, parser: argparse.ArgumentParser) -> str | None:
                 return f"did you mean {close[0]}?"
         return None
     return None
+
+
+def missing_method(message: str) -> str | None:
+    """What to do when a parser refuses a fit without a method (``required: fit.model``), else None."""
+    if re.fullmatch(r"the following arguments are required: (\w+\.)?model", message.strip()) is None:
+        return None
+    return (
+        f"no method: give --model NAME ({', '.join(methods.METHODS)}; any case) or a --config that sets one "
+        "(fl-lightning configs lists the shipped ones)"
+    )

@@ -132,13 +132,15 @@ def _expected(reason: str) -> str:
 
     >>> _expected("Expected a <class 'float'>. Got value: nan")
     "expected a finite float, got 'nan' (not a number)"
+    >>> _expected("Expected a <class 'float'>. Got value: -inf")
+    "expected a finite float, got '-inf' (infinite)"
     """
     found = re.fullmatch(r"Expected a <class '([^']*)'>\. Got value: (.*)", reason)
     if found is None:
         return reason
     kind, value = found.groups()
     if kind == "float" and value.strip().lower() in _NOT_FINITE:
-        return f"expected a finite float, got {value!r} (not a number)"
+        return f"expected a finite float, got {value!r} ({'not a number' if 'nan' in value.lower() else 'infinite'})"
     return f"expected {kind}, got {value!r}"
 
 

@@ -65,8 +65,10 @@ class Federation(Callback, FederatedServer):
         server_lr: server learning rate η_s (1 = plain averaging); short for ``server_optimizer: ServerSGD``.
         server_momentum: server momentum β_s (FedAvgM; 0 disables); short for ``server_optimizer: ServerSGD``.
         server_optimizer: the server step applied to the method's new global weights (a
-            :class:`~fl_lightning.core.server_optim.ServerOptimizer`, e.g. ``FedAdam``); give the server learning rate
-            here or in ``server_lr``, not both. Default: ``ServerSGD(server_lr, server_momentum)``.
+            :class:`~fl_lightning.core.server_optim.ServerOptimizer`, e.g. ``FedAdam(lr=0.01)``, or the name of one in
+            :data:`~fl_lightning.core.server_optim.SERVER_OPTIMIZERS`, e.g. ``"fedadam"``, with its defaults); give
+            the server learning rate here or in ``server_lr``, not both. Default: ``ServerSGD(server_lr,
+            server_momentum)``.
         seed: seed of client sampling, local shuffling and augmentation.
         plots: write the learning-curve and partition PNGs into the run directory.
         eval_local: also evaluate every updated local model on the test set (costs one test pass per client) and
@@ -103,7 +105,8 @@ class Federation(Callback, FederatedServer):
         eval_every: int = 1,
         server_lr: float = 1.0,
         server_momentum: float = 0.0,
-        server_optimizer: ServerOptimizer | None = None,
+        # the class first: jsonargparse tries a union's types in order (a name is a str, as in YAML's `fedadam`)
+        server_optimizer: ServerOptimizer | str | None = None,
         seed: int = 0,
         plots: bool = True,
         eval_local: bool = False,

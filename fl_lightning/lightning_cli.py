@@ -28,9 +28,10 @@ from fl_lightning.cli_args import (  # cli_args imports the methods: `--model Fe
     SUBCOMMANDS,
     check_logger_package,
     check_logger_packages,
+    class_paths,
     closest_option,
-    data_source_paths,
     method_names,
+    missing_method,
     named_configs,
     run_base,
     tensorboard_save_dir,
@@ -39,8 +40,16 @@ from fl_lightning.core import faults
 from fl_lightning.core.files import write_text_atomic
 from fl_lightning.core.partitions import Partitioner
 from fl_lightning.core.run_lock import claim_run_dir, release_run_dir
-from fl_lightning.core.rundir import RunDirError, RunDirPlan, check_checkpoint_file, check_run_dir, flatten, move_aside
-from fl_lightning.core.versions import VERSION_PREFIX, claim_new_version, matching_version
+from fl_lightning.core.rundir import (
+    VERSION_PREFIX,
+    RunDirError,
+    RunDirPlan,
+    check_checkpoint_file,
+    check_run_dir,
+    flatten,
+    move_aside,
+)
+from fl_lightning.core.versions import claim_new_version, matching_version
 from fl_lightning.data import FederatedDataModule
 from fl_lightning.federation import Federation
 from fl_lightning.progress import RoundProgressBar, quiet_lightning
@@ -278,17 +287,21 @@ class FLCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         argv = list(sys.argv[1:] if args is None else args) if not isinstance(args, dict) else args
         if isinstance(argv, list):
-            argv = tensorboard_save_dir(data_source_paths(method_names(named_configs(argv))))
+            argv = tensorboard_save_dir(class_paths(method_names(named_configs(argv))))
             check_logger_packages(argv)
             self.run_base = run_base(argv)
         try:
             super().parse_arguments(parser, argv)
         except ArgumentError as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            no_method = missing_method(first)
+            if no_method is not None:
+                raise ArgumentError(None, no_method) from err
             subcommand = argv[0] if isinstance(argv, list) and argv and argv[0] in self.subcommands() else None
-            hint = closest_option(str(err), self._parser(subcommand)) if subcommand else None
+            hint = closest_option(first, self._parser(subcommand)) if subcommand else None
             if hint is None:
                 raise
-            raise ArgumentError(None, f"{str(err).strip().splitlines()[0]}; {hint}") from err
+            raise ArgumentError(None, f"{first}; {hint}") from err
 
     def resolved_dict(self, config: Namespace) -> dict[str, Any]:
         """The config as ``config.yaml`` would hold it, as a nested dict."""

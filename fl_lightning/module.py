@@ -61,7 +61,8 @@ class FederatedHooks:
     ``client.state``; SCAFFOLD keeps the server control variate in ``server.state``.
     """
 
-    #: Short name used in results and tables.
+    #: Short name used in results and tables (``summary.json``'s ``method``); a subclass that does not set its own
+    #: gets its class's name in lower case, so that a method of yours is never recorded as the one it extends.
     method_name: ClassVar[str] = "fedavg"
     #: Whether a frozen copy of the round's global network is kept as a teacher (see :meth:`teacher_logits`).
     uses_teacher: ClassVar[bool] = False
@@ -71,7 +72,8 @@ class FederatedHooks:
     upload_reduce: ClassVar[Mapping[str, str]] = {}
     #: The attributes ``on_client_start`` sets per client and ``client_loss`` (or :meth:`local_gradient`) reads:
     #: tensors, ``None`` or containers of them. The batched engine stacks them over the clients it trains together
-    #: and binds each client's own while its loss runs; it refuses a method whose ``on_client_start`` sets others.
+    #: and binds each client's own while its loss runs; a method whose ``on_client_start`` sets others trains on the
+    #: sequential engine, with a warning that names them.
     #: On a GPU its step is recorded as a CUDA graph: what ``client_loss`` reads besides these (the module's tensors,
     #: its public settings) is fixed at recording, and a private attribute changed between rounds is not seen.
     client_attributes: ClassVar[tuple[str, ...]] = ()
@@ -83,6 +85,11 @@ class FederatedHooks:
     #: ``client_loss`` only: a subclass that overrides ``client_loss`` declares it again (a loss that couples samples,
     #: such as a contrastive loss over the batch, must not).
     sample_mean_loss: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "method_name" not in cls.__dict__:
+            cls.method_name = cls.__name__.lower()
 
     @property
     def holdout_per_class_required(self) -> int:

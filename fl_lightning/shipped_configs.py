@@ -92,6 +92,17 @@ def _description(path: Path) -> str:
     return ""
 
 
+def config_copy(path: Path) -> str:
+    """A shipped config's text as a copy of yours: without its ``trainer.default_root_dir`` (``runs/<its name>``).
+
+    A shipped config's ``default_root_dir`` is its default location, the folder of its ``version_N`` runs; a copy that
+    kept it would name that folder as its one run directory. Without it a copy's runs go to
+    ``runs/<the copy's name>/version_N``.
+    """
+    text = path.read_text(encoding="utf-8")
+    return re.sub(r"(?m)^  default_root_dir: runs/\S+\n", "", text, count=1)
+
+
 def copy_configs(names: list[str], dest: Path) -> tuple[list[Path], list[Path]]:
     """Copy the named shipped configs (all when ``names`` is empty) into ``dest``; returns (copied, kept).
 
@@ -109,7 +120,7 @@ def copy_configs(names: list[str], dest: Path) -> tuple[list[Path], list[Path]]:
             kept.append(target)
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source, target)
+        target.write_text(config_copy(source), encoding="utf-8")
         copied.append(target)
     return copied, kept
 
@@ -142,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise _not_shipped(name, "configs")
             paths.append(path)
         for path in paths:
-            sys.stdout.write(path.read_text(encoding="utf-8"))
+            sys.stdout.write(config_copy(path))
         return 0
     root = config_dir()
     names = config_names()

@@ -20,3 +20,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def figures(monkeypatch):
+    """The figures the plotting functions write, in order, to inspect after they are saved."""
+    from matplotlib.figure import Figure
+
+    kept = []
+    savefig = Figure.savefig
+
+    def keep(fig, *args, **kwargs):
+        kept.append(fig)
+        return savefig(fig, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    return kept

@@ -94,6 +94,32 @@ def test_methods_needing_features_name_the_missing_attribute():
     require_features(build_model("lenet", 1, 28, 10), "MOON")
 
 
+def test_a_network_registered_in_models_is_built_by_name(tmp_path, monkeypatch):
+    # Before: MODELS was a tuple of names and the builders private: a name of yours could not be added.
+    from fl_lightning.core.models import MODELS
+
+    monkeypatch.setitem(
+        MODELS, "tiny", lambda channels, size, classes: TinyNet(hidden=channels * size, num_classes=classes)
+    )
+    model = FedAvg(net="tiny")
+    _fit(tmp_path, model, rounds=1)
+    assert (
+        isinstance(model.net, TinyNet) and model.net.body[1].out_features == 8 and model.net.body[3].out_features == 10
+    )
+    assert build_model("tiny", 2, 8, 3).body[1].out_features == 16
+
+
+def test_a_method_of_yours_is_recorded_by_its_own_name():
+    # Before: a subclass without method_name inherited its parent's, and summary.json recorded it as that method.
+    from fl_lightning.methods import METHODS
+
+    class MyNTD(FedNTD):
+        pass
+
+    assert (MyNTD.method_name, FedNTD.method_name, FedAvg.method_name) == ("myntd", "fedntd", "fedavg")
+    assert all(cls.method_name == name for name, cls in METHODS.items())
+
+
 def test_bad_net():
     with pytest.raises(ValueError, match="nn.Module"):
         FedAvg(net="vgg")

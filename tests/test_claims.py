@@ -330,9 +330,9 @@ def test_a_claim_not_run_yet_says_why_and_how(tmp_path: Path) -> None:
     assert "results/t/" in row["reason"]
 
 
-def test_the_claims_plot_shows_each_measured_claim_beside_the_papers_gain(results: Path, tmp_path: Path) -> None:
-    import matplotlib.pyplot as plt
-
+def test_the_claims_plot_shows_each_measured_claim_beside_the_papers_gain(
+    results: Path, tmp_path: Path, figures: list
+) -> None:
     rows = [
         claims.claim_row(c, results)
         for c in [
@@ -342,18 +342,11 @@ def test_the_claims_plot_shows_each_measured_claim_beside_the_papers_gain(result
             claim("pending", "Other", 80.0, 82.0, metric="final_acc"),  # not measured: left out
         ]
     ]
-    kept: list = []
-    close = plt.close
-    plt.close = kept.append  # keep the figure open to read it
-    try:
-        assert claims.plot_claims(rows, tmp_path / "claims.png").stat().st_size > 0
-    finally:
-        plt.close = close
-    ax = kept[0].axes[0]
+    assert claims.plot_claims(rows, tmp_path / "claims.png").stat().st_size > 0
+    ax = figures[0].axes[0]
     assert [t.get_text() for t in ax.get_yticklabels()] == ["good (3 seeds)", "lucky (3 seeds)"]
     papers = [line for line in ax.lines if line.get_marker() == "x"]
     assert [float(line.get_xdata()[0]) for line in papers] == pytest.approx([3.0, 2.0])
-    plt.close(kept[0])
     assert claims.plot_claims(rows[2:], tmp_path / "none.png") is None and not (tmp_path / "none.png").exists()
     assert claims.plot_claims(rows[2:], tmp_path / "claims.png") is None
     assert not (tmp_path / "claims.png").exists()  # the older figure is gone with the claims it showed

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from helpers import quickstart_fit_args, read_metrics, read_summary
 
-from fl_lightning import cli
+from fl_lightning import cli, shipped_configs
 from fl_lightning.cli import EXIT_CODES, run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -186,6 +186,30 @@ def test_a_named_run_directory_is_used_as_given(tmp_path, monkeypatch):
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_copy_of_a_shipped_config_never_writes_among_its_versions(tmp_path, monkeypatch, capsys):
+    # Before: `configs quickstart > my.yaml` kept `default_root_dir: runs/quickstart`, so `fit --config my.yaml`
+    # wrote a run straight into runs/quickstart beside version_0, and --overwrite then moved version_0 away with it.
+    monkeypatch.chdir(tmp_path)
+    assert run(["fit", "--config", "quickstart", *TINY, "--federation.rounds", "1"]) == 0
+    assert shipped_configs.main(["quickstart"]) == 0
+    (tmp_path / "my.yaml").write_text(capsys.readouterr().out)
+    assert "default_root_dir" not in (tmp_path / "my.yaml").read_text()
+    assert run(["fit", "--config", "my.yaml", *TINY, "--federation.rounds", "1"]) == 0
+    assert read_summary(tmp_path / "runs" / "my" / "version_0")["status"] == "completed"
+    # A directory of versioned runs named as one run's directory is refused, with --overwrite too.
+    named = ["fit", "--config", "quickstart", *TINY, "--trainer.default_root_dir", "runs/quickstart"]
+    for overwrite in (False, True):
+        capsys.readouterr()
+        assert run(named, overwrite=overwrite) == EXIT_CODES["bad input"]
+        assert capsys.readouterr().err.strip().splitlines() == [
+            "error: runs/quickstart holds the versioned runs of a config (version_0), not a run of its own: choose "
+            "another --trainer.default_root_dir (a config file's trainer.default_root_dir names one too; with none, "
+            "a fit takes a new runs/<config name>/version_N)"
+        ]
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["my", "quickstart"]
+    assert sorted(p.name for p in (tmp_path / "runs" / "quickstart").iterdir()) == ["version_0"]
+
+
 def test_a_refused_fit_leaves_no_version_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert run(["fit", "--config", "quickstart", *TINY, "--data.alpha", "0"]) == EXIT_CODES["bad input"]
@@ -196,7 +220,7 @@ def test_extending_a_completed_run_says_so_before_it_starts(done, capsys):
     # Before: a 1-round run resumed with 2 rounds was extended, and its results rewritten, without a word.
     assert run(quickstart_fit_args(done, "--ckpt_path", "last", rounds=2)) == 0
     err = capsys.readouterr().err
-    note = "[fl_lightning] extending a completed run from 1 to 2 rounds: rounds 2-2 are trained, and its results"
+    note = "[fl_lightning] extending a completed run from 1 to 2 rounds: round 2 is trained, and its results"
     assert note in err
 
 
@@ -229,6 +253,23 @@ def test_a_misspelt_option_is_refused_with_the_closest(tmp_path, capsys, typo, c
 def test_a_misspelt_model_option_is_refused_with_the_closest(tmp_path, capsys):
     assert run(quickstart_fit_args(tmp_path / "r", "--model", "fedntd", "--model.betta", "1")) == 2
     assert err_lines(capsys) == ["error: --model.betta: FedNTD has no option betta; did you mean --model.beta?"]
+
+
+def test_a_misspelt_key_in_a_config_file_is_refused_with_the_closest(tmp_path, capsys):
+    # Before: "error: Subcommand 'fit' does not accept option 'federation.round'", with no hint.
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("federation:\n  round: 2\n")
+    assert run(["fit", "--config", "quickstart", "--config", str(typo)]) == EXIT_CODES["bad input"]
+    assert err_lines(capsys) == [
+        "error: Subcommand 'fit' does not accept option 'federation.round'; did you mean --federation.rounds?"
+    ]
+
+
+def test_a_fit_without_a_method_names_the_methods(tmp_path, capsys):
+    # Before: "error: the following arguments are required: fit.model".
+    assert run(["fit", "--federation.rounds", "1", "--trainer.default_root_dir", str(tmp_path)]) == 2
+    (line,) = err_lines(capsys)
+    assert line.startswith("error: no method: give --model NAME (fedavg, kd, fedntd, ") and "configs lists" in line
 
 
 def test_a_yaml_syntax_error_names_the_file_and_line(tmp_path, capsys):

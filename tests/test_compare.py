@@ -315,6 +315,16 @@ def test_runs_start_interrupted_first_then_seed_by_seed(spec_file, capsys):
     ]
 
 
+def test_dry_run_prints_the_commands_and_writes_nothing(spec_file, capsys):
+    # Before: it also wrote a report into the output folder and printed "[compare] 1/2 ...: no summary" lines.
+    spec = CompareSpec.from_yaml(spec_file)
+    assert main(["--config", str(spec_file), "--dry-run"]) == 0
+    header, *commands = capsys.readouterr().out.splitlines()
+    assert header.startswith(f"[compare] {spec.name}: 2 runs, 0 already done, 2 to run")
+    assert len(commands) == 2 and all(" fit " in c and "--trainer.default_root_dir" in c for c in commands)
+    assert not spec.output_dir.exists()
+
+
 @pytest.mark.slow
 def test_sigterm_stops_the_comparison_and_its_fits(spec_file, tmp_path):
     # Before: compare only passed on SIGINT, which background jobs ignore, so SIGTERM left its fits running as orphans.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import pickle
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -338,6 +339,12 @@ def test_one_registry_names_every_dataset() -> None:
     assert DATASETS["tinyimagenet"].shape == (3, 64, 200) and DATASETS["cifar100"].shape == (3, 32, 100)
     assert [name for name, info in DATASETS.items() if info.searches_system] == ["mnist", "fashion_mnist"]
     assert DATASET_SHAPES == {name: info.shape for name, info in DATASETS.items()}  # the datamodule's, derived
+
+
+def test_a_dataset_registered_later_has_its_shape_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before: DATASET_SHAPES was a copy made at import, without the datasets registered after it.
+    monkeypatch.setitem(DATASETS, "tiny", replace(DATASETS["digits"], name="tiny", image_size=4))
+    assert DATASET_SHAPES["tiny"] == (1, 4, 10) and "tiny" in DATASET_SHAPES and len(DATASET_SHAPES) == len(DATASETS)
 
 
 def test_registered_shape_is_the_loaded_one() -> None:

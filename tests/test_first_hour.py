@@ -102,12 +102,15 @@ def test_configs_command_lists_prints_and_copies(tmp_path, capsys, monkeypatch):
     assert re.search(r"^  quickstart +FedAvg on scikit-learn's digits", listing, re.M)
     assert re.search(r"^  compare/fmnist_ntd_setting ", listing, re.M)
     assert shipped_configs.main(["quickstart"]) == 0
-    assert capsys.readouterr().out == (shipped_configs.config_dir() / "quickstart.yaml").read_text()
+    shipped = (shipped_configs.config_dir() / "quickstart.yaml").read_text()
+    assert capsys.readouterr().out == shipped.replace("  default_root_dir: runs/quickstart\n", "")  # its location
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "quickstart.yaml").write_text("edited\n")
     assert shipped_configs.main(["quickstart", "compare/fmnist_shard2_seeds", "--copy", "mine"]) == 0
     assert (tmp_path / "mine" / "quickstart.yaml").read_text() == "edited\n"  # kept, never overwritten
     assert (tmp_path / "mine" / "compare" / "fmnist_shard2_seeds.yaml").is_file()
+    copied = (tmp_path / "mine" / "compare" / "fmnist_shard2_seeds.yaml").read_text()
+    assert copied == (shipped_configs.config_dir() / "compare" / "fmnist_shard2_seeds.yaml").read_text()
     assert "kept 1 existing" in capsys.readouterr().out
     assert shipped_configs.main(["--copy"]) == 0  # all of them, into ./configs
     assert len(list((tmp_path / "configs").rglob("*.yaml"))) == len(shipped_configs.config_names())
@@ -122,6 +125,31 @@ def test_shipped_comparison_finds_its_configs_outside_the_checkout(tmp_path, mon
 
 
 # ---- 2. every command in --help, under the project's title ----------------------------------------------------------
+
+
+def test_output_into_a_closed_pipe_ends_quietly():
+    # Before: `fl-lightning configs | head -1` ended in a BrokenPipeError traceback and exit code 1.
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line is written, as after `head -1`
+    try:
+        done = subprocess.run(
+            [sys.executable, "cli.py", "configs"], cwd=ROOT, stdout=write, stderr=subprocess.PIPE, text=True, timeout=60
+        )
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr) == (0, "")
+
+
+@pytest.mark.parametrize(("command", "hint"), [("fitt", "did you mean fit? "), ("train", "")])
+def test_an_unknown_command_names_the_commands(command, hint, capsys):
+    # Before: "invalid choice: 'fitt' (choose from 'fit', 'validate', 'test')", without compare, configs or claims.
+    with pytest.raises(SystemExit) as stop:
+        cli.main([command, "--config", "quickstart"])
+    assert stop.value.code == EXIT_CODES["bad input"]
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: unknown command {command!r}; {hint}the commands are fit, validate, test, compare, configs, claims "
+        "(fl-lightning --help)"
+    ]
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["-h"], []], ids=["--help", "-h", "nothing"])
@@ -322,18 +350,6 @@ def test_recorded_hparams_hold_each_setting_once_and_no_internals(tmp_path):
 
 
 # ---- 7. the first and last round labelled on every curve -----------------------------------------------------------
-
-
-@pytest.fixture
-def figures(monkeypatch):
-    import matplotlib.pyplot as plt
-
-    kept = []
-    monkeypatch.setattr(plt, "close", kept.append)
-    yield kept
-    monkeypatch.undo()
-    for fig in kept:
-        plt.close(fig)
 
 
 def test_curves_label_the_first_and_last_round(tmp_path, figures):

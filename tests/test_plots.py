@@ -16,19 +16,6 @@ from fl_lightning.experiments.report import write_report
 PACKAGE = Path(__file__).resolve().parent.parent / "fl_lightning"
 
 
-@pytest.fixture
-def figures(monkeypatch):
-    """The figures the plotting functions draw, kept open for inspection."""
-    import matplotlib.pyplot as plt
-
-    kept = []
-    monkeypatch.setattr(plt, "close", kept.append)
-    yield kept
-    monkeypatch.undo()
-    for fig in kept:
-        plt.close(fig)
-
-
 def x_ticks(ax) -> list[float]:
     ax.figure.canvas.draw()
     lo, hi = ax.get_xlim()
@@ -52,6 +39,27 @@ def test_moving_average_view(tmp_path, figures):
     plot_curve([1, 2, 3, 4], [0.1, 0.3, 0.5, 0.7], tmp_path / "c.png", smooth=2)
     smoothed = figures[0].axes[0].lines[1].get_ydata()
     assert list(smoothed) == pytest.approx([10.0, 20.0, 40.0, 60.0])
+
+
+def test_plotting_leaves_the_users_backend_and_figures_alone(tmp_path):
+    # Before: the first run switched matplotlib to Agg, which broke a notebook's plotting after trainer.fit.
+    import matplotlib
+    import matplotlib.pyplot as plt
+
+    from fl_lightning.core.plots import plot_partition
+
+    before = matplotlib.get_backend()
+    matplotlib.use("svg")
+    try:
+        mine = plt.figure()
+        plot_curve([1, 2], [0.3, 0.4], tmp_path / "c.png")
+        plot_partition(np.array([[3, 0], [1, 2]]), tmp_path / "p.png")
+        assert matplotlib.get_backend() == "svg"
+        assert plt.get_fignums() == [mine.number] and plt.gcf() is mine
+        assert (tmp_path / "c.png").read_bytes()[:8] == (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    finally:
+        plt.close("all")
+        matplotlib.use(before)
 
 
 def test_moving_average_is_trailing():

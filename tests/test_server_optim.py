@@ -374,3 +374,23 @@ def test_registry_and_defaults():
     assert (FedAdagrad().lr, FedAdagrad().beta1, FedAdagrad().tau) == (0.01, 0.0, 1e-3)
     assert (ServerSGD().lr, ServerSGD().momentum) == (1.0, 0.0)
     assert repr(FedAdam(lr=0.1)) == "FedAdam(lr=0.1, beta1=0.9, beta2=0.99, tau=0.001)"
+
+
+def test_a_name_in_the_registry_is_a_server_optimizer_with_its_defaults(monkeypatch):
+    # Before: Federation(server_optimizer="fedadam") was accepted, then the fit failed with
+    # "AttributeError: 'str' object has no attribute 'reset'"; nothing read SERVER_OPTIMIZERS.
+    from fl_lightning import Federation
+
+    assert repr(Federation(server_optimizer="fedadam").server_optimizer) == repr(FedAdam())
+    assert type(Federation(server_optimizer="FedYogi").server_optimizer) is FedYogi
+
+    class HalfStep(ServerSGD):
+        def __init__(self) -> None:
+            super().__init__(lr=0.5)
+
+    monkeypatch.setitem(SERVER_OPTIMIZERS, "halfstep", HalfStep)
+    assert Federation(server_optimizer="halfstep").server_optimizer.lr == 0.5
+    with pytest.raises(ValueError, match="unknown server optimizer 'adam'; choose one of sgd, fedadagrad, fedadam"):
+        Federation(server_optimizer="adam")
+    with pytest.raises(TypeError, match="server_optimizer must be a ServerOptimizer or its name, got int"):
+        Federation(server_optimizer=3)  # type: ignore[arg-type]

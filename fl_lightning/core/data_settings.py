@@ -15,6 +15,7 @@ ValueError: num_clients must be at least 1, got 0
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,8 +28,22 @@ from fl_lightning.core.sources import DataSource, Info, LoadedSource, load_sourc
 
 __all__ = ["DATASET_SHAPES", "DataSettings", "check_options", "resolve_client_ids", "resolve_data_settings"]
 
-#: (channels, image size, classes) of each built-in dataset, known before any file is read (from ``DATASETS``).
-DATASET_SHAPES: dict[str, tuple[int, int, int]] = {name: info.shape for name, info in DATASETS.items()}
+
+class _DatasetShapes(Mapping[str, tuple[int, int, int]]):
+    """``DATASETS``' shapes, read from it on each access (a dataset registered later is in it too)."""
+
+    def __getitem__(self, name: str) -> tuple[int, int, int]:
+        return DATASETS[name].shape
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(DATASETS)
+
+    def __len__(self) -> int:
+        return len(DATASETS)
+
+
+#: (channels, image size, classes) of each registered dataset, known before any file is read (from ``DATASETS``).
+DATASET_SHAPES: Mapping[str, tuple[int, int, int]] = _DatasetShapes()
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,6 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-MODELS: tuple[str, ...] = ("lenet", "cnn", "tcnn", "resnet8", "resnet18", "resnet50")
-
 #: An image side: one int for square images, or (height, width).
 ImageSize = int | tuple[int, int]
 
@@ -202,7 +200,9 @@ def resnet50(in_channels: int, image_size: ImageSize, num_classes: int) -> nn.Mo
     return ResNet(_Bottleneck, [3, 4, 6, 3], [64, 128, 256, 512], in_channels, num_classes)
 
 
-_BUILDERS: dict[str, Callable[[int, ImageSize, int], nn.Module]] = {
+#: The networks built by name (``net="lenet"``, ``--model.net lenet``): name → builder
+#: ``(in_channels, image_size, num_classes) -> nn.Module``. Add an entry to build your own by name.
+MODELS: dict[str, Callable[[int, ImageSize, int], nn.Module]] = {
     "lenet": lenet,
     "cnn": cnn,
     "tcnn": tcnn,
@@ -224,7 +224,7 @@ def build_model(name: str, in_channels: int, image_size: ImageSize, num_classes:
     Raises:
         ValueError: for an unknown name or impossible shapes.
     """
-    if name not in _BUILDERS:
+    if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)} or pass an nn.Module")
     h, w = image_hw(image_size)
     if in_channels < 1 or min(h, w) < 1 or num_classes < 2:
@@ -232,7 +232,7 @@ def build_model(name: str, in_channels: int, image_size: ImageSize, num_classes:
             f"model {name!r} needs in_channels >= 1, an image size >= 1 and num_classes >= 2, "
             f"got {in_channels}, {h}x{w}, {num_classes}"
         )
-    return _BUILDERS[name](in_channels, image_size, num_classes)
+    return MODELS[name](in_channels, image_size, num_classes)
 
 
 def require_features(net: nn.Module, method_name: str) -> None:

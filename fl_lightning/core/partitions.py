@@ -117,7 +117,7 @@ def dirichlet(
     if min_size * num_clients > len(y):
         raise ValueError(
             f"{num_clients} clients of at least {min_size} samples need {min_size * num_clients} samples, "
-            f"only {len(y)} exist; lower min_size or num_clients"
+            f"only {len(y)} exist; lower min_size (--data.min_client_size) or num_clients"
         )
     rng = np.random.default_rng(seed)
     members_by_class = [np.flatnonzero(y == c) for c in np.unique(y)]
@@ -139,7 +139,7 @@ def dirichlet(
     raise ValueError(
         f"after {max_draws} draws of Dir({alpha}) over {num_clients} clients, {len(small)} client(s) still held "
         f"fewer than min_size={min_size} samples (last draw: {shown}; {spread}); "
-        "raise alpha, lower min_size or num_clients"
+        "raise alpha, lower min_size (--data.min_client_size) or num_clients"
     )
 
 

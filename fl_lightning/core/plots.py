@@ -1,6 +1,7 @@
 """PNG figures of a run: the partition heatmap and the learning curve, and the axis helpers they share.
 
-matplotlib is imported only when a figure is drawn.
+matplotlib is imported only when a figure is drawn. Figures are ``matplotlib.figure.Figure`` objects written straight
+to their files: pyplot is never used, so the user's backend and pyplot's open figures are left as they were.
 """
 
 from __future__ import annotations
@@ -14,26 +15,19 @@ import numpy as np
 from fl_lightning.core.files import atomic_path
 
 
-def pyplot() -> Any:
-    """``matplotlib.pyplot`` on the file-only Agg backend, imported on first use."""
-    import matplotlib
+def new_figure(figsize: tuple[float, float]) -> Any:
+    """A figure of ``figsize`` inches with one axis, outside pyplot: ``(fig, ax)``."""
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots()
 
 
 def save_figure(fig: Any, path: str | Path, dpi: int = 100) -> Path:
-    """Write ``fig`` to ``path`` whole or not at all (temp file + rename), and close it."""
-    import matplotlib.pyplot as plt
-
+    """Write ``fig`` to ``path`` as a PNG, whole or not at all (temp file + rename)."""
     path = Path(path)
-    try:
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, dpi=dpi)
-    finally:
-        plt.close(fig)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=dpi, format="png")
     return path
 
 
@@ -84,12 +78,11 @@ def moving_average(values: Sequence[float] | np.ndarray, window: int) -> np.ndar
 
 def plot_partition(counts: np.ndarray, path: str | Path, title: str = "") -> Path:
     """Heatmap of the client × class sample counts."""
-    plt = pyplot()
     counts = np.asarray(counts)
     n_clients, n_classes = counts.shape
     width = min(16.0, 2.0 + 0.35 * n_classes)
     height = min(14.0, 1.5 + 0.25 * n_clients)
-    fig, ax = plt.subplots(figsize=(max(width, 4.0), max(height, 3.0)))
+    fig, ax = new_figure((max(width, 4.0), max(height, 3.0)))
     im = ax.imshow(counts, aspect="auto", cmap="viridis", interpolation="nearest")
     ax.set_xlabel("class")
     ax.set_ylabel("client")
@@ -125,8 +118,7 @@ def plot_curve(
         diverged_round: the round a diverged run failed in; marked with a red dashed line.
         smooth: > 1 draws a moving average over this many evaluations over the faint raw curve.
     """
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = new_figure((6, 4))
     x, y = list(rounds), 100.0 * np.asarray(accs, dtype=np.float64)
     marker = "." if len(x) < 60 else None
     if smooth > 1:

@@ -201,6 +201,22 @@ def run_status(summary: Mapping[str, Any] | None) -> str:
     return status if pid_alive(summary.get("pid")) else "stale running"
 
 
+#: The folders under a run location, one per fit: ``version_0``, ``version_1``, ... (Lightning's own convention).
+VERSION_PREFIX = "version_"
+
+
+def versions(base: str | os.PathLike[str]) -> list[Path]:
+    """The ``version_N`` folders under ``base``, by N (none when ``base`` does not exist)."""
+    found = []
+    base = Path(base)
+    if base.is_dir():
+        for path in base.iterdir():
+            number = path.name.removeprefix(VERSION_PREFIX)
+            if path.name.startswith(VERSION_PREFIX) and number.isdigit() and path.is_dir():
+                found.append((int(number), path))
+    return [path for _, path in sorted(found)]
+
+
 def has_results(run_dir: Path) -> bool:
     """Whether a directory holds a run's results or checkpoints."""
     run_dir = Path(run_dir)
@@ -387,6 +403,15 @@ def check_run_dir(
             "or choose another --trainer.default_root_dir"
         )
     if not resume:
+        held = versions(run_dir)
+        if held:
+            # A run written beside them would mix with them, and replacing it would move them too.
+            raise RunDirError(
+                f"{run_dir} holds the versioned runs of a config ({', '.join(p.name for p in held[:3])}"
+                f"{', ...' if len(held) > 3 else ''}), not a run of its own: choose another "
+                "--trainer.default_root_dir (a config file's trainer.default_root_dir names one too; with none, a "
+                "fit takes a new runs/<config name>/version_N)"
+            )
         if not has_results(run_dir):
             return RunDirPlan("fresh", run_dir)
         if overwrite:
@@ -460,6 +485,8 @@ def extension_note(summary: Mapping[str, Any] | None, saved: Mapping[str, Any] |
 
     >>> extension_note({"status": "completed", "rounds": 3}, None, 20, 3)
     'extending a completed run from 3 to 20 rounds: rounds 4-20 are trained, and its results rewritten'
+    >>> extension_note({"status": "completed", "rounds": 3}, None, 4, 3)
+    'extending a completed run from 3 to 4 rounds: round 4 is trained, and its results rewritten'
     >>> extension_note({"status": "interrupted", "rounds": 3}, None, 3, 2)
     ''
     """
@@ -469,10 +496,8 @@ def extension_note(summary: Mapping[str, Any] | None, saved: Mapping[str, Any] |
     if not isinstance(rounds, int) or not isinstance(planned, int) or rounds <= planned:
         return ""
     what = "a completed run" if (summary or {}).get("status") == "completed" else "the run"
-    return (
-        f"extending {what} from {planned} to {rounds} rounds: rounds {done + 1}-{rounds} are trained, and its "
-        "results rewritten"
-    )
+    trained = f"round {rounds} is" if done + 1 == rounds else f"rounds {done + 1}-{rounds} are"
+    return f"extending {what} from {planned} to {rounds} rounds: {trained} trained, and its results rewritten"
 
 
 def _missing_files(run_dir: Path, config: Mapping[str, Any]) -> list[str]:

@@ -20,7 +20,7 @@ from fl_lightning.core.context import ServerContext
 from fl_lightning.core.distributed import to_device
 from fl_lightning.core.rounds import RoundPlan, RoundState, plan_round
 from fl_lightning.core.rundir import RunDirError, checkpoint_diff
-from fl_lightning.core.server_optim import ServerOptimizer, ServerSGD
+from fl_lightning.core.server_optim import ServerOptimizer, ServerSGD, server_optimizer_class
 from fl_lightning.core.state import ClientStateStore
 
 #: A method's server update: the new global weights from the server context, the clients' average and uploads.
@@ -218,12 +218,21 @@ class FederatedServer:
             self.server_optimizer.load_state_dict(state["server_optimizer"])
 
 
-def server_optimizer_of(optimizer: ServerOptimizer | None, lr: float, momentum: float) -> ServerOptimizer:
+def server_optimizer_of(optimizer: ServerOptimizer | str | None, lr: float, momentum: float) -> ServerOptimizer:
     """The server step: ``optimizer``, or ``ServerSGD(lr, momentum)`` when it is ``None`` (give one of the two).
+
+    A name is the server optimizer of :data:`~fl_lightning.core.server_optim.SERVER_OPTIMIZERS` it names, with its
+    defaults.
 
     >>> server_optimizer_of(None, 1.0, 0.0).is_identity
     True
+    >>> type(server_optimizer_of("fedadam", 1.0, 0.0)).__name__
+    'FedAdam'
     """
+    if isinstance(optimizer, str):
+        optimizer = server_optimizer_class(optimizer)()
+    if optimizer is not None and not isinstance(optimizer, ServerOptimizer):
+        raise TypeError(f"server_optimizer must be a ServerOptimizer or its name, got {type(optimizer).__name__}")
     if optimizer is not None and (lr != 1.0 or momentum != 0.0):
         raise ValueError(
             "give the server step once: either server_optimizer or server_lr/server_momentum "

@@ -38,6 +38,7 @@ __all__ = [
     "ServerOptimizer",
     "ServerSGD",
     "StateDict",
+    "server_optimizer_class",
 ]
 
 
@@ -346,9 +347,33 @@ class FedYogi(_DecayingSecondMoment):
         v.addcmul_(delta_sq, torch.sign(v - delta_sq), value=-(1.0 - self.beta2))
 
 
+#: The server optimizers by name (``Federation(server_optimizer="fedadam")``, ``--federation.server_optimizer
+#: fedadam``; :func:`server_optimizer_class`). Add an entry to name your own.
 SERVER_OPTIMIZERS: dict[str, type[ServerOptimizer]] = {
     "sgd": ServerSGD,
     "fedadagrad": FedAdagrad,
     "fedadam": FedAdam,
     "fedyogi": FedYogi,
 }
+
+
+def server_optimizer_class(name: str) -> type[ServerOptimizer]:
+    """The server optimizer registered as ``name`` in :data:`SERVER_OPTIMIZERS` (any case; its class's name too).
+
+    >>> server_optimizer_class("FedAdam").__name__, server_optimizer_class("sgd").__name__
+    ('FedAdam', 'ServerSGD')
+    >>> server_optimizer_class("adam")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: unknown server optimizer 'adam'; choose one of sgd, fedadagrad, fedadam, fedyogi (any case), ...
+    """
+    by_key: dict[str, type[ServerOptimizer]] = {}
+    for short, cls in SERVER_OPTIMIZERS.items():
+        by_key.setdefault(short.lower(), cls)
+        by_key.setdefault(cls.__name__.lower(), cls)
+    if name.lower() not in by_key:
+        raise ValueError(
+            f"unknown server optimizer {name!r}; choose one of {', '.join(SERVER_OPTIMIZERS)} (any case), "
+            "or give a ServerOptimizer (a class path such as mypkg.MyOptimizer on the command line)"
+        )
+    return by_key[name.lower()]

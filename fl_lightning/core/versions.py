@@ -13,22 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from fl_lightning.core.run_lock import LOCK_NAME, claim_run_dir, release_run_dir
-from fl_lightning.core.rundir import RunDirError, RunDirInUse, read_config, science_diff
-
-#: The folders under a run location, one per fit: ``version_0``, ``version_1``, ... (Lightning's own convention).
-VERSION_PREFIX = "version_"
-
-
-def versions(base: str | os.PathLike[str]) -> list[Path]:
-    """The ``version_N`` folders under ``base``, by N (none when ``base`` does not exist)."""
-    found = []
-    base = Path(base)
-    if base.is_dir():
-        for path in base.iterdir():
-            number = path.name.removeprefix(VERSION_PREFIX)
-            if path.name.startswith(VERSION_PREFIX) and number.isdigit() and path.is_dir():
-                found.append((int(number), path))
-    return [path for _, path in sorted(found)]
+from fl_lightning.core.rundir import VERSION_PREFIX, RunDirError, RunDirInUse, read_config, science_diff, versions
 
 
 def claim_new_version(base: str | os.PathLike[str]) -> Path:

@@ -468,10 +468,11 @@ def plot_claims(rows: Sequence[dict[str, Any]], path: Path) -> Path | None:
     if not shown:
         Path(path).unlink(missing_ok=True)  # an older figure would show claims that are no longer measured
         return None
-    from fl_lightning.core.plots import pyplot, save_figure
+    from matplotlib.lines import Line2D
 
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(10, 0.32 * len(shown) + 1.8))
+    from fl_lightning.core.plots import new_figure, save_figure
+
+    fig, ax = new_figure((10, 0.32 * len(shown) + 1.8))
     for y, row in enumerate(shown):
         n = len(row["seeds"].split())
         color = VERDICT_COLORS.get(row["verdict"], "tab:gray")
@@ -487,8 +488,8 @@ def plot_claims(rows: Sequence[dict[str, Any]], path: Path) -> Path | None:
     ax.set_yticklabels(labels)
     ax.invert_yaxis()
     ax.axvline(0.0, color="gray", lw=0.8)
-    handles = [plt.Line2D([], [], marker="o", ls="", color=c, label=v) for v, c in VERDICT_COLORS.items()]
-    handles.append(plt.Line2D([], [], marker="x", ls="", color="black", label="the paper's gain"))
+    handles = [Line2D([], [], marker="o", ls="", color=c, label=v) for v, c in VERDICT_COLORS.items()]
+    handles.append(Line2D([], [], marker="x", ls="", color="black", label="the paper's gain"))
     ax.legend(handles=handles, fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=4, frameon=False)
     ax.set_xlabel("gain over FedAvg, mean ± std over seeds (points)")
     ax.grid(axis="x", alpha=0.3)

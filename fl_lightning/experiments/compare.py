@@ -409,8 +409,11 @@ def _interrupt(signum: int, frame: object) -> None:
     raise _Terminated
 
 
-def run_comparison(spec: CompareSpec, dry_run: bool = False, report_only: bool = False) -> Path:
-    """Run what is missing (nothing with ``report_only``), then write the report; returns the report's folder."""
+def run_comparison(spec: CompareSpec, dry_run: bool = False, report_only: bool = False) -> Path | None:
+    """Run what is missing (nothing with ``report_only``), then write the report; returns the report's folder.
+
+    ``dry_run``: print what would run and the fit commands, in their order, and nothing else (no report: None).
+    """
     runs = spec.runs()
     plans = {} if report_only else {r.run_dir: r.plan(spec) for r in runs}
     todo = [r for r in runs if plans.get(r.run_dir, ("reuse", ""))[0] != "reuse"]
@@ -437,6 +440,11 @@ def run_comparison(spec: CompareSpec, dry_run: bool = False, report_only: bool =
                     f"to {r.run_dir.name}.replaced-<time>",
                     flush=True,
                 )
+    if dry_run:
+        for r in todo:
+            action = plans[r.run_dir][0]
+            print(" ".join(_command(spec, r, resume=action == "resume", overwrite=action == "rerun")), flush=True)
+        return None
     started = time.time()
     finished = 0
     fits: set[subprocess.Popen] = set()  # the fits running now, stopped with the comparison on Ctrl-C
@@ -446,9 +454,6 @@ def run_comparison(spec: CompareSpec, dry_run: bool = False, report_only: bool =
     def execute(run: Run) -> tuple[Run, int | str]:
         action = plans[run.run_dir][0]
         cmd = _command(spec, run, resume=action == "resume", overwrite=action == "rerun")
-        if dry_run:
-            print(" ".join(cmd))
-            return run, 0
         busy = run.in_use()
         if busy is not None:  # another comparison (or fit) runs it now: never two fits in one run directory
             return run, busy
@@ -484,12 +489,12 @@ def run_comparison(spec: CompareSpec, dry_run: bool = False, report_only: bool =
     try:
         for run, code in pool.map(execute, todo):
             finished += 1
-            summary = read_summary(run.run_dir) if not dry_run else None
+            summary = read_summary(run.run_dir)
             if isinstance(code, str):
                 state = f"skipped: {code}"
             else:
                 state = run_status(summary) if summary else ("failed" if code else "no summary")
-                if code and not dry_run:
+                if code:
                     state += f" (exit code {code})"
             print(
                 f"[compare] {finished}/{len(todo)} {run.setting}/{run.method}/seed{run.seed}: {state} "
@@ -514,7 +519,7 @@ def run_comparison(spec: CompareSpec, dry_run: bool = False, report_only: bool =
             signal.signal(signal.SIGTERM, previous)
     pool.shutdown(wait=True)
     report_dir = write_spec_report(spec)
-    if spec.wandb and not dry_run:
+    if spec.wandb:
         _log_report_to_wandb(spec, report_dir)
     if elsewhere:
         names = ", ".join(f"{r.setting}/{r.method}/seed{r.seed}" for r in elsewhere)
@@ -577,10 +582,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--config",
         required=True,
-        help="a comparison YAML, or a shipped one's name (fl-lightning configs lists them); README's section "
-        "'Comparisons and the papers' tables' describes its keys",
+        help="a comparison YAML, or a shipped one's name (fl-lightning configs lists them); its keys are described "
+        "in the documentation's page 'Comparisons and the papers' tables' (docs/source/guide/compare.md)",
     )
-    parser.add_argument("--dry-run", action="store_true", help="print the fit commands instead of running them")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the fit commands, in the order they would run, instead of running them (writes nothing)",
+    )
     parser.add_argument("--jobs", type=int, default=None, help="override the YAML's parallel runs")
     parser.add_argument(
         "--output-dir",
@@ -599,8 +608,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.output_dir:
         spec.output_dir = Path(args.output_dir)
     out = run_comparison(spec, dry_run=args.dry_run, report_only=args.report_only)
+    if out is None:  # --dry-run
+        return 0
     print(f"[compare] report: {out / 'results.md'}")
-    if args.dry_run or args.report_only:
+    if args.report_only:
         return 0
     # Exit code 1 when a run did not end completed or diverged (it failed, was refused, stopped or is in use).
     return 0 if all(r.state() == "done" for r in spec.runs()) else 1

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from fl_lightning.core.plots import integer_round_axis, mark_divergence, moving_average, pyplot, save_figure
+from fl_lightning.core.plots import integer_round_axis, mark_divergence, moving_average, new_figure, save_figure
 from fl_lightning.experiments.runs import RunRef, divergence_round, read_run
 
 
@@ -52,7 +52,6 @@ def plot_curves(
     """
     if column not in CURVE_COLUMNS:
         raise ValueError(f"curve column {column!r}: choose one of {sorted(CURVE_COLUMNS)}")
-    plt = pyplot()
     by_method: dict[str, list[dict[int, float]]] = defaultdict(list)
     completed: dict[str, list[dict[int, float]]] = defaultdict(list)
     diverged: dict[str, int] = {}
@@ -77,7 +76,7 @@ def plot_curves(
     if column != "global_acc" and not by_method:
         Path(path).unlink(missing_ok=True)  # an older figure of this setting would outlive the runs it showed
         return None
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = new_figure((7, 4.5))
     plotted: set[int] = set()
     for i, (method, curves) in enumerate(by_method.items()):
         rounds = sorted(set.intersection(*(set(c) for c in curves)))
@@ -126,10 +125,9 @@ def plot_class_heatmap(run_dir: Path, path: Path, title: str) -> Path | None:
     data = read_run(run_dir)
     if not data or not data["rows"]:
         return None
-    plt = pyplot()
     keys = sorted((k for k in data["rows"][0] if k.startswith("acc_class_")), key=lambda k: int(k[10:]))
     grid = 100.0 * np.array([[row[k] for row in data["rows"]] for k in keys])
-    fig, ax = plt.subplots(figsize=(7, 0.3 * len(keys) + 1.5))
+    fig, ax = new_figure((7, 0.3 * len(keys) + 1.5))
     im = ax.imshow(
         grid,
         aspect="auto",
