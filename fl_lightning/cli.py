@@ -314,6 +314,15 @@ def _dispatch(args: list[str], debug: bool, overwrite: bool) -> int:
                 raise
             message = "compare interrupted; run the same command again to continue (finished runs are kept)"
             return _error(message, EXIT_CODES["interrupted"])
+        except BrokenPipeError:
+            if debug:
+                raise
+            if "--dry-run" in args:
+                return _reader_gone()
+            _reader_gone()
+            message = "compare stopped: the pipe its output went to was closed; its fits were stopped (run the same "
+            message += "command again to continue; finished runs are kept)"
+            return _error(message, EXIT_CODES["interrupted"])
     import fl_lightning.lightning_cli  # noqa: F401  (Lightning and torch: imported while the start-up handlers hold)
     from fl_lightning.cli_args import SUBCOMMANDS
 

@@ -206,8 +206,15 @@ def test_a_copy_of_a_shipped_config_never_writes_among_its_versions(tmp_path, mo
             "another --trainer.default_root_dir (a config file's trainer.default_root_dir names one too; with none, "
             "a fit takes a new runs/<config name>/version_N)"
         ]
+    assert run([*named, "--ckpt_path", "last"]) == EXIT_CODES["bad input"]  # nothing to resume there: as fresh
+    assert err_lines(capsys)[-1].startswith("error: runs/quickstart holds the versioned runs of a config (version_0)")
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["my", "quickstart"]
     assert sorted(p.name for p in (tmp_path / "runs" / "quickstart").iterdir()) == ["version_0"]
+    # A logger's version_N folder (CSVLogger(save_dir=<run dir>, name="")) holds no run: the directory is usable.
+    (tmp_path / "logged" / "version_0").mkdir(parents=True)
+    (tmp_path / "logged" / "version_0" / "hparams.yaml").write_text("{}\n")
+    assert run(["fit", "--config", "quickstart", *TINY, "--federation.rounds", "1", "--trainer.default_root_dir",
+                "logged"]) == 0  # fmt: skip
 
 
 def test_a_refused_fit_leaves_no_version_folder(tmp_path, monkeypatch):

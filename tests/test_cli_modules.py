@@ -214,6 +214,10 @@ def test_a_partition_network_and_server_optimizer_of_your_own_by_class_path(tmp_
     assert config["federation"]["server_optimizer"]["class_path"] == f"{PACKAGE}.HalfStep"
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert ckpt["state_dict"]["net.body.1.weight"].shape == (8, 64)
+    # The same command resumes (the checkpoint names the network by its class path, the config in full).
+    server = ("--federation.server_optimizer", f"{PACKAGE}.HalfStep")
+    assert run(fit_args(run_dir, *own, *server, "--federation.rounds", "3", "--ckpt_path", "last")) == 0
+    assert read_summary(run_dir)["rounds_done"] == 3
 
 
 @pytest.mark.parametrize("name", ["fedadam", "FedAdam", "FEDADAM"])
@@ -225,6 +229,20 @@ def test_a_server_optimizer_by_name_takes_its_arguments(name):
     optimizer = config["federation"]["server_optimizer"]
     assert optimizer["class_path"] == "fl_lightning.core.server_optim.FedAdam"
     assert optimizer["init_args"]["lr"] == 0.05 and optimizer["init_args"]["beta2"] == 0.99
+
+
+def test_a_server_optimizer_by_name_in_yaml_is_the_same_setting_as_on_the_command_line(tmp_path):
+    # A YAML file may keep the name; the command line writes the class and its arguments: one setting for a resume.
+    from fl_lightning.core.rundir import science_diff
+
+    named = yaml.safe_load("federation: {server_optimizer: fedadam}")
+    full = resolve_config(["fit", "--config", "quickstart", "--federation.server_optimizer", "fedadam"])
+    assert science_diff(named, {"federation": {"server_optimizer": full["federation"]["server_optimizer"]}}) == []
+    faster = resolve_config(["fit", "--config", "quickstart", "--federation.server_optimizer", "fedadam"] + [
+        "--federation.server_optimizer.init_args.lr", "0.05"])  # fmt: skip
+    assert science_diff(named, {"federation": {"server_optimizer": faster["federation"]["server_optimizer"]}}) == [
+        "federation.server_optimizer.init_args.lr: 0.01 -> 0.05"
+    ]
 
 
 def test_not_a_module_from_yaml(tmp_path, capsys, own_package):

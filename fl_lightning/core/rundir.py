@@ -9,6 +9,7 @@ holds the claim until it ends, so that two fits never write into one directory.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import time
@@ -22,7 +23,7 @@ import yaml
 from fl_lightning.core.files import DamagedCheckpoint, verify_checkpoint
 
 # The errors of run directories are defined beside the lock; importing them from here keeps working.
-from fl_lightning.core.run_lock import RunDirError, move_claimed
+from fl_lightning.core.run_lock import LOCK_NAME, RunDirError, move_claimed
 from fl_lightning.core.run_lock import RunDirInUse as RunDirInUse
 from fl_lightning.core.run_lock import RunDirLost as RunDirLost
 
@@ -124,7 +125,7 @@ def science_diff(saved: Mapping[str, Any], new: Mapping[str, Any], allow_growth:
     >>> science_diff({"federation": {"rounds": 5}}, {"federation": {"rounds": 5, "server_optimizer": None}})
     []
     """
-    old_flat, new_flat = flatten(saved), flatten(new)
+    old_flat, new_flat = _named_in_full(flatten(saved)), _named_in_full(flatten(new))
     out = []
     for key in sorted(set(old_flat) | set(new_flat)):
         if not is_science_key(key):
@@ -138,11 +139,41 @@ def science_diff(saved: Mapping[str, Any], new: Mapping[str, Any], allow_growth:
     return out
 
 
+def _named_in_full(flat: dict[str, Any]) -> dict[str, Any]:
+    """A flattened config whose server optimizer given by name (``server_optimizer: fedadam``) is given in full.
+
+    The command line turns a name into its class and arguments; a YAML file may keep the name. Both are one setting.
+    """
+    name = flat.get("federation.server_optimizer")
+    if not isinstance(name, str):
+        return flat
+    from fl_lightning.core.server_optim import server_optimizer_class  # torch: only for a config that names one
+
+    try:
+        cls = server_optimizer_class(name)
+    except ValueError:
+        return flat
+    out = {k: v for k, v in flat.items() if k != "federation.server_optimizer"}
+    out["federation.server_optimizer.class_path"] = f"{cls.__module__}.{cls.__qualname__}"
+    for arg in inspect.signature(cls.__init__).parameters.values():
+        if arg.default is not inspect.Parameter.empty:
+            out[f"federation.server_optimizer.init_args.{arg.name}"] = arg.default
+    return out
+
+
 def _same(a: Any, b: Any) -> bool:
+    """Whether two config values are one setting: numbers by value, and a class without ``init_args`` as with ``{}``.
+
+    >>> _same({"class_path": "pkg.P"}, {"class_path": "pkg.P", "init_args": {}}), _same(1, 1.0)
+    (True, True)
+    """
     if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool | str):
         return float(a) == float(b)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        a, b = ({"init_args": {}, **v} if "class_path" in v else v for v in (a, b))
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
     return a == b
 
 
@@ -314,8 +345,11 @@ def checkpoint_diff(ckpt: Mapping[str, Any], new: Mapping[str, Any]) -> list[str
     for key, value in sorted(hparams.items()):
         if key.startswith("_") or key in _DERIVED or key not in init_args or not _plain(init_args[key]):
             continue
-        if not _same(value, init_args[key]):
-            out.append(f"model.init_args.{key}: {value} -> {init_args[key]}")
+        cur = init_args[key]
+        if isinstance(cur, Mapping) and isinstance(value, str) and "class_path" in cur:
+            cur = cur["class_path"]  # a class given by path (--model.net): the checkpoint holds its name
+        if not _same(value, cur):
+            out.append(f"model.init_args.{key}: {value} -> {cur}")
     data = new.get("data") or {}
     for key, value in sorted((ckpt.get("datamodule_hyper_parameters") or {}).items()):
         if key.startswith("_") or key not in data or not is_science_key(f"data.{key}"):
@@ -403,15 +437,7 @@ def check_run_dir(
             "or choose another --trainer.default_root_dir"
         )
     if not resume:
-        held = versions(run_dir)
-        if held:
-            # A run written beside them would mix with them, and replacing it would move them too.
-            raise RunDirError(
-                f"{run_dir} holds the versioned runs of a config ({', '.join(p.name for p in held[:3])}"
-                f"{', ...' if len(held) > 3 else ''}), not a run of its own: choose another "
-                "--trainer.default_root_dir (a config file's trainer.default_root_dir names one too; with none, a "
-                "fit takes a new runs/<config name>/version_N)"
-            )
+        _refuse_versioned_runs(run_dir)
         if not has_results(run_dir):
             return RunDirPlan("fresh", run_dir)
         if overwrite:
@@ -426,6 +452,27 @@ def check_run_dir(
     return _check_resume(run_dir, new_config, summary, status, ckpt_path or "last")
 
 
+def _refuse_versioned_runs(run_dir: Path) -> None:
+    """Refuse to start a run in a directory that holds ``version_N`` runs (a fresh run, or one replacing another).
+
+    A run written beside them would mix with them, and replacing it would move them too. A ``version_N`` folder
+    counts when it holds a run (its ``config.yaml``, ``summary.json``, checkpoints or a fit's lock), not a logger's
+    ``version_N`` folder.
+    """
+    held = [
+        v
+        for v in versions(run_dir)
+        if any((v / name).exists() for name in ("config.yaml", "summary.json", "checkpoints", LOCK_NAME))
+    ]
+    if held:
+        raise RunDirError(
+            f"{run_dir} holds the versioned runs of a config ({', '.join(p.name for p in held[:3])}"
+            f"{', ...' if len(held) > 3 else ''}), not a run of its own: choose another "
+            "--trainer.default_root_dir (a config file's trainer.default_root_dir names one too; with none, a "
+            "fit takes a new runs/<config name>/version_N)"
+        )
+
+
 def _check_resume(
     run_dir: Path,
     new_config: Mapping[str, Any],
@@ -437,6 +484,7 @@ def _check_resume(
     if ckpt_file is None:
         # A run killed before its first checkpoint has nothing to resume and, unfinished, nothing to protect.
         if not has_results(run_dir) or status in ("stale running", "interrupted", "failed"):
+            _refuse_versioned_runs(run_dir)
             return RunDirPlan("fresh", run_dir, message=f"no checkpoint in {run_dir}/checkpoints: starting a new run")
         raise RunDirError(
             f"--ckpt_path last: {run_dir} holds results but no checkpoints/last.ckpt; pass --ckpt_path <file>, "

@@ -505,13 +505,14 @@ def run_comparison(spec: CompareSpec, dry_run: bool = False, report_only: bool =
                 elsewhere.append(run)
             elif code not in (0, 3):  # a diverged run (exit code 3) is a result
                 failures.append(run)
-    except KeyboardInterrupt as stop:
-        # Ctrl-C or SIGTERM: start no other fit, stop those running (SIGTERM reaches a fit in the background too,
-        # where SIGINT is ignored; each records itself as interrupted), then end.
+    except (KeyboardInterrupt, BrokenPipeError) as stop:
+        # Ctrl-C or SIGTERM, or the pipe our output goes to was closed: start no other fit, stop those running
+        # (SIGTERM reaches a fit in the background too, where SIGINT is ignored; each records itself as
+        # interrupted), then end.
         with lock:
             stopping.set()
             for proc in fits:
-                proc.send_signal(signal.SIGTERM if isinstance(stop, _Terminated) else signal.SIGINT)
+                proc.send_signal(signal.SIGINT if type(stop) is KeyboardInterrupt else signal.SIGTERM)
         pool.shutdown(wait=True, cancel_futures=True)
         raise
     finally:
