@@ -489,6 +489,14 @@ SUBCOMMAND_HELP = {
 }
 
 
+#: The front door's own flags (:func:`fl_lightning.cli.main`), which ``fit --help`` lists after Lightning's options.
+_FLAGS_HELP = (
+    "fl_lightning's flags, anywhere on the command line: --overwrite replaces the run a directory holds (moved aside "
+    "to <dir>.replaced-<time>); --debug shows an error's traceback (or FL_LIGHTNING_DEBUG=1). --ckpt_path last "
+    "resumes the newest run of the same settings (or the named run directory's)."
+)
+
+
 def _parser_kwargs(cli_class: type[FLCLI]) -> dict[str, Any]:
     # Raise parse errors instead of printing the usage wall, so that main() can print the one line that matters; an
     # option is taken only by its whole name (`--federation.round` is refused, not read as `--federation.rounds`).
@@ -497,7 +505,12 @@ def _parser_kwargs(cli_class: type[FLCLI]) -> dict[str, Any]:
         "allow_abbrev": False,
         "description": "fl_lightning: federated learning on non-IID data with PyTorch Lightning.",
         **{
-            sub: {"exit_on_error": False, "allow_abbrev": False, "description": SUBCOMMAND_HELP[sub]}
+            sub: {
+                "exit_on_error": False,
+                "allow_abbrev": False,
+                "description": SUBCOMMAND_HELP[sub],
+                "epilog": _FLAGS_HELP if sub == "fit" else None,
+            }
             for sub in cli_class.subcommands()
         },
     }

@@ -393,6 +393,25 @@ def test_help_says_where_runs_go(capsys):
     assert re.search(r"runs/<config name>/version_N", capsys.readouterr().out)
 
 
+def test_fit_help_lists_the_front_doors_flags(capsys):
+    # Before: --overwrite and --debug were only in the top-level --help.
+    assert run(["fit", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--overwrite replaces the run a directory holds" in out and "--debug shows an error's traceback" in out
+
+
+@pytest.mark.parametrize("name", ["best", "hpc", "registry"])
+def test_lightnings_other_checkpoint_names_say_what_a_federation_keeps(tmp_path, monkeypatch, capsys, name):
+    # Before: "--ckpt_path best: no such file", though fit --help (Lightning's text) offers best, hpc and registry.
+    monkeypatch.chdir(tmp_path)
+    assert run(["fit", "--config", "quickstart", *TINY, "--ckpt_path", name]) == EXIT_CODES["bad input"]
+    assert err_lines(capsys) == [
+        f"error: --ckpt_path {name}: a federation keeps one checkpoint, <run dir>/checkpoints/last.ckpt (the global "
+        "model after the last finished round); pass --ckpt_path last, or a checkpoint file"
+    ]
+    assert not (tmp_path / "runs").exists()
+
+
 # ---- 7. two comparisons on one output folder ------------------------------------------------------------------------
 
 

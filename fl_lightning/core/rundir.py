@@ -260,6 +260,11 @@ def resolve_checkpoint(run_dir: Path, ckpt_path: str | os.PathLike[str]) -> Path
         last = Path(run_dir) / "checkpoints" / "last.ckpt"
         return last if last.exists() else None
     path = Path(ckpt_path)
+    if not path.is_file() and (str(ckpt_path) in ("best", "hpc") or str(ckpt_path).startswith("registry")):
+        raise RunDirError(
+            f"--ckpt_path {ckpt_path}: a federation keeps one checkpoint, <run dir>/checkpoints/last.ckpt (the global "
+            "model after the last finished round); pass --ckpt_path last, or a checkpoint file"
+        )
     if not path.is_file():
         raise RunDirError(f"--ckpt_path {ckpt_path}: no such file")
     return path
