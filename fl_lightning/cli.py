@@ -265,18 +265,18 @@ def _command(args: list[str], debug: bool, overwrite: bool) -> int:
     except BrokenPipeError:
         if debug:
             raise
-        return _reader_gone()
+        _reader_gone()
+        return EXIT_CODES["completed"]
 
 
-def _reader_gone() -> int:
-    """The end of a pipe our output went to was closed (``fl-lightning configs | head -3``): stop without a word.
+def _reader_gone() -> None:
+    """The end of a pipe our output went to was closed (``fl-lightning configs | head -3``): write no more there.
 
     What is left to write (and Python's flush at exit) goes to ``os.devnull`` instead of raising again.
     """
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
     os.close(devnull)
-    return EXIT_CODES["completed"]
 
 
 def _dispatch(args: list[str], debug: bool, overwrite: bool) -> int:
@@ -315,10 +315,8 @@ def _dispatch(args: list[str], debug: bool, overwrite: bool) -> int:
             message = "compare interrupted; run the same command again to continue (finished runs are kept)"
             return _error(message, EXIT_CODES["interrupted"])
         except BrokenPipeError:
-            if debug:
-                raise
-            if "--dry-run" in args:
-                return _reader_gone()
+            if debug or "--dry-run" in args:
+                raise  # a dry run printed all it had to: it ends as configs does (_command)
             _reader_gone()
             message = "compare stopped: the pipe its output went to was closed; its fits were stopped (run the same "
             message += "command again to continue; finished runs are kept)"

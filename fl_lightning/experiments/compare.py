@@ -440,10 +440,14 @@ def run_comparison(spec: CompareSpec, dry_run: bool = False, report_only: bool =
                     f"to {r.run_dir.name}.replaced-<time>",
                     flush=True,
                 )
+
+    def command(run: Run) -> list[str]:
+        action = plans[run.run_dir][0]
+        return _command(spec, run, resume=action == "resume", overwrite=action == "rerun")
+
     if dry_run:
         for r in todo:
-            action = plans[r.run_dir][0]
-            print(" ".join(_command(spec, r, resume=action == "resume", overwrite=action == "rerun")), flush=True)
+            print(" ".join(command(r)), flush=True)
         return None
     started = time.time()
     finished = 0
@@ -453,7 +457,7 @@ def run_comparison(spec: CompareSpec, dry_run: bool = False, report_only: bool =
 
     def execute(run: Run) -> tuple[Run, int | str]:
         action = plans[run.run_dir][0]
-        cmd = _command(spec, run, resume=action == "resume", overwrite=action == "rerun")
+        cmd = command(run)
         busy = run.in_use()
         if busy is not None:  # another comparison (or fit) runs it now: never two fits in one run directory
             return run, busy
