@@ -420,6 +420,7 @@ def run_comparison(spec: CompareSpec, dry_run: bool = False, report_only: bool =
     # Interrupted runs first, then seed by seed: a comparison stopped early has whole seeds, seed 0 first.
     todo.sort(key=lambda r: (plans[r.run_dir][0] != "resume", spec.seeds.index(r.seed)))
     threads = _threads_per_run(spec.jobs)
+    commands: dict[Path, list[str]] = {}  # each run's fit (report_only: none to run)
     if report_only:
         done = sum(r.state() == "done" for r in runs)
         print(f"[compare] {spec.name}: report only, {done} of {len(runs)} runs finished", flush=True)
@@ -434,20 +435,16 @@ def run_comparison(spec: CompareSpec, dry_run: bool = False, report_only: bool =
             print(f"[compare] warning: {busy}", flush=True)
         for r in todo:
             action, why = plans[r.run_dir]
+            commands[r.run_dir] = _command(spec, r, resume=action == "resume", overwrite=action == "rerun")
             if action == "rerun":
                 print(
                     f"[compare] {r.setting}/{r.method}/seed{r.seed}: rerunning, {why}; the old run is moved "
                     f"to {r.run_dir.name}.replaced-<time>",
                     flush=True,
                 )
-
-    def command(run: Run) -> list[str]:
-        action = plans[run.run_dir][0]
-        return _command(spec, run, resume=action == "resume", overwrite=action == "rerun")
-
     if dry_run:
         for r in todo:
-            print(" ".join(command(r)), flush=True)
+            print(" ".join(commands[r.run_dir]), flush=True)
         return None
     started = time.time()
     finished = 0
@@ -456,8 +453,7 @@ def run_comparison(spec: CompareSpec, dry_run: bool = False, report_only: bool =
     lock = threading.Lock()
 
     def execute(run: Run) -> tuple[Run, int | str]:
-        action = plans[run.run_dir][0]
-        cmd = command(run)
+        action, cmd = plans[run.run_dir][0], commands[run.run_dir]
         busy = run.in_use()
         if busy is not None:  # another comparison (or fit) runs it now: never two fits in one run directory
             return run, busy
