@@ -41,7 +41,7 @@ What is measured, per workload:
   and 200 rounds at the median.
 
 Usage: ``python bench/bench_engines.py [--workloads quickstart,tabular,fmnist_ntd,cifar10_ntd_shapes] [--rounds 3]
-[--groups 2,5] [--method fedntd] [--gpu] [--captures off,compile] [--peak-tflops 989] [--threads N]
+[--groups 2,5] [--method fedntd] [--gpu] [--captures off,compile] [--cudnn-benchmark] [--peak-tflops 989] [--threads N]
 [--verbose]`` (``--gpu``: ``accelerator="gpu"``, ``precision="bf16-mixed"``; ``--method``: the workloads' method,
 FedAvg by default, with its defaults on the same setting)
 """
@@ -265,6 +265,7 @@ class Result:
     eval_seconds: float | None = None  # one global evaluation, timed apart after the last round
     steps: int = 0  # stacked steps a round (the most local steps of any client)
     mib_per_client: float | None = None  # peak GPU memory per stacked client
+    replay_ms: float | None = None  # one replay of the recorded step alone
 
 
 def fit(
@@ -325,7 +326,26 @@ def time_engine(
     res.steps = timer[0].steps
     memory = getattr(fed.executor, "memory", None)
     res.mib_per_client = memory.per_client / 2**20 if memory is not None and memory.per_client else None
+    res.replay_ms = replay_ms(cache)
     return res
+
+
+def replay_ms(cache: Any, times: int = 20) -> float | None:
+    """Milliseconds of one replay of the fit's recorded step alone (no batch copied in): the step's device time.
+
+    Replaying after the fit changes only the step's static tensors, which the next round would load afresh.
+    """
+    graphs = [step.graph for step in cache or () if step.graph is not None]
+    if not graphs:
+        return None
+    graph = graphs[0]
+    graph.replay()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(times):
+        graph.replay()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / times * 1e3
 
 
 class StepTimer(L.Callback):
@@ -430,9 +450,10 @@ def run_workload(
                 else f" ({flops / 1e9:.2f} GFLOP)"
             )
             memory = f", {res.mib_per_client:.1f} MiB/client" if res.mib_per_client else ""
+            replay = f", its graph's replay alone {res.replay_ms:.3f} ms" if res.replay_ms else ""
             print(
                 f"  {res.engine:<18} step {step * 1e3:.3f} ms (round {res.seconds:.3f} s - eval "
-                f"{res.eval_seconds:.3f} s over {res.steps} steps){floor}{memory}; "
+                f"{res.eval_seconds:.3f} s over {res.steps} steps){replay}{floor}{memory}; "
                 f"200 rounds {200 * res.seconds:.1f} s",
                 flush=True,
             )
@@ -460,6 +481,11 @@ def main() -> None:
         help="comma-separated step_capture modes the batched engine runs besides auto (default: off with --gpu)",
     )
     parser.add_argument(
+        "--cudnn-benchmark",
+        action="store_true",
+        help="Trainer(benchmark=True): cuDNN times its convolution algorithms first (the stacked step's grouped ones)",
+    )
+    parser.add_argument(
         "--peak-tflops",
         type=float,
         default=None,
@@ -483,7 +509,9 @@ def main() -> None:
             print("--gpu: torch.cuda.is_available() is False on this machine; nothing measured")
             return
         trainer_kw = {"accelerator": "gpu", "devices": 1, "precision": "bf16-mixed"}
-    device = "GPU bf16-mixed" if args.gpu else "CPU fp32"
+    if args.cudnn_benchmark:
+        trainer_kw["benchmark"] = True
+    device = ("GPU bf16-mixed" if args.gpu else "CPU fp32") + (", cuDNN benchmark" if args.cudnn_benchmark else "")
     print(host())
     print(f"device: {device}; {args.rounds} measured rounds (+1 warm-up) per fit")
     peak = args.peak_tflops * 1e12 if args.peak_tflops else None

@@ -173,8 +173,9 @@ def memory_group(
                     return torch.nn.functional.cross_entropy(functional_call(module, {**p, **b}, (xi,)), yi)
 
                 total = vmap(loss, randomness="error")(params, buffers, x, y).sum()
-                grads = torch.autograd.grad(total, list(params.values()))
-                momentum = [g.clone() for g in grads]
+                # allow_unused: a method's own modules (MOON's projection head) are not in the network's forward
+                grads = torch.autograd.grad(total, list(params.values()), allow_unused=True)
+                momentum = [g.clone() for g in grads if g is not None]
                 del total, grads, momentum, params, buffers, x, y
             peaks.append(peak.bytes)
     finally:

@@ -16,8 +16,9 @@ last batch is padded to the full batch with weight-0 samples where the loss is a
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -159,9 +160,10 @@ def train_stacked(
     the clients take a full batch); else it selects the full-batch clients. ``on_step(n)`` is told how many client
     steps each stacked step took.
     ``augment``: the datamodule's transform, so that clients with random batches (``rng``) are gathered too.
-    ``capture``: run every step in which each client still training takes a full batch as one built step
-    (:mod:`~fl_lightning.core.step_capture`: a replayed CUDA graph, a compiled or a plain function of static
-    tensors, kept in the cache across rounds); the other steps run as described above, on the same tensors.
+    ``capture``: run every step in which each client still training takes a batch of one shape (a full batch, or
+    all of them their short last one) as one built step (:mod:`~fl_lightning.core.step_capture`: a replayed CUDA
+    graph, a compiled or a plain function of static tensors, kept in the cache across rounds), the round's batches
+    read ahead (:data:`GATHER_AHEAD_BYTES`); the other steps run as described above, on the same tensors.
     """
     k = len(clients)
     template, attr_stack = stack_attributes([c.attributes for c in clients])
@@ -185,7 +187,7 @@ def train_stacked(
     momentum_buffers: list[Tensor | None] = [None] * len(names)
     steps = [c.steps for c in clients]
     loss_sums = torch.zeros(k, dtype=torch.float64, device=device)
-    gather = _Gather.of(clients, augment)
+    gather = _Gather.of(clients, augment, GATHER_AHEAD_BYTES if capture is not None else 0)
     steps_on_device = torch.tensor(steps, device=device)
     runner: CapturedStep | None = None  # the built step this call runs, once a step fits it
     slots: list[int] = []  # where each of the runner's momentum buffers sits in momentum_buffers
@@ -228,11 +230,12 @@ def train_stacked(
                         runner, params, buffers, attr_stack, steps, [momentum_buffers[n] for n in slots], loss_sums, i
                     )
                     params, buffers, loss_sums = runner.state.params, runner.state.buffers, runner.state.loss_sums
-            if runner is not None and tuple(runner.state.x.shape[1:]) == full_shape:
-                _fill(runner, batches, active, joined, k)
-                runner()
-                if runner.note is not None:
-                    capture.note(runner.note)
+            step = runner.for_batch(*batches[active[0]]) if runner is not None else None
+            if step is not None:  # every client's batch has one shape: the built step, or its sibling for the shape
+                _fill(step, batches, active, joined, k)
+                step()
+                if step.note is not None:
+                    capture.note(step.note)
                 if on_step is not None:
                     on_step(len(active))
                 continue
@@ -390,7 +393,7 @@ def _built_step(
         attribute_structure(dict(template)),
         tuple((tuple(a.shape), a.dtype) for a in attr_stack),
         (tuple(x0.shape), x0.dtype, tuple(y0.shape), y0.dtype),
-        sgd,
+        replace(sgd, lr=0.0),  # a new learning rate (a schedule's) retargets the built step below
         clip_grad_norm,
         autocast,
         gradient_fn is not None,
@@ -410,6 +413,7 @@ def _built_step(
             cache.mode,
             used,
             compile_backend=cache.compile_backend,
+            sgd=sgd,
         )
         trial = step.state.clone()
         with torch.no_grad():
@@ -420,7 +424,11 @@ def _built_step(
         step.run(*trial.tensors())  # a loss the step cannot hold fails here, before any real step
         return step
 
-    return cache.get(key, module_fingerprint(module, module.client_attributes), build)
+    step = cache.get(key, module_fingerprint(module, module.client_attributes), build)
+    if step is not None and step.sgd != sgd:
+        names = list(params)
+        step.retarget(make_step(loss_fn, names, step.used, sgd, clip_grad_norm, gradient_fn, autocast), sgd)
+    return step
 
 
 def _adopt(
@@ -480,25 +488,41 @@ def _read(clients: Sequence[StackedClient], active: Sequence[int]) -> dict[int, 
     return out
 
 
+#: Bytes of transformed images a captured stack gathers ahead (:class:`_Gather`'s ``ahead``): a round's steps are
+#: read and augmented a chunk at a time, so that a replayed step has two copies of host work before it. The chunk and
+#: its transform's temporaries (a few times this) count in the stack's measured peak memory.
+GATHER_AHEAD_BYTES = 32 * 2**20
+
+
 class _Gather:
     """A step's batches of all its clients read with one indexing and one transform.
 
     With augmentation (a :class:`~fl_lightning.core.augment.BatchTransform` that augments), each client's random choices
     are drawn on its own stream, as the sequential engine draws them, and applied to every client's images at once.
+    ``ahead`` (bytes, 0: off): read the batches of as many consecutive steps as fit at once, each client's choices
+    for them drawn in one visit to its stream; the images and choices are the ones step-by-step reading gives.
     """
 
-    def __init__(self, sources: Sequence[ClientBatches], augment: BatchTransform | None, rngs: list[ClientRNG]) -> None:
+    def __init__(
+        self, sources: Sequence[ClientBatches], augment: BatchTransform | None, rngs: list[ClientRNG], ahead: int = 0
+    ) -> None:
         self.x = torch.cat([s.x for s in sources])
         self.y = torch.cat([s.y for s in sources])
         offsets = [0]
         for s in sources[:-1]:
             offsets.append(offsets[-1] + len(s.y))
-        self.positions = [[pos + off for pos in s.batches] for s, off in zip(sources, offsets, strict=True)]
+        self.positions = [
+            list((torch.cat(s.batches) + off).split([len(pos) for pos in s.batches])) if s.batches else []
+            for s, off in zip(sources, offsets, strict=True)
+        ]
         self.transform = sources[0].transform
         self.augment, self.rngs = augment, rngs
+        self.ahead = ahead
+        # The steps read ahead: [start, end), the images and labels, and each step's offset and clients' sizes.
+        self._chunk: tuple[int, int, Tensor, Tensor, list[int], list[list[int]]] | None = None
 
     @classmethod
-    def of(cls, clients: Sequence[StackedClient], augment: BatchTransform | None) -> _Gather | None:
+    def of(cls, clients: Sequence[StackedClient], augment: BatchTransform | None, ahead: int = 0) -> _Gather | None:
         """The gatherer of ``clients``' batches, or ``None`` where they must be read one by one."""
         sources = [c.source for c in clients]
         rngs = [c.rng for c in clients]
@@ -507,20 +531,63 @@ class _Gather:
         if any(r is not None for r in rngs):
             if augment is None or any(r is None for r in rngs):
                 return None
-            return cls(sources, augment, rngs)  # type: ignore[arg-type]
-        return cls(sources, None, [])  # type: ignore[arg-type]
+            return cls(sources, augment, rngs, ahead)  # type: ignore[arg-type]
+        return cls(sources, None, [], ahead)  # type: ignore[arg-type]
 
     def joined(self, i: int, active: Sequence[int]) -> tuple[tuple[Tensor, Tensor], list[int]]:
         """The ``i``-th batches of the clients in ``active``, one after another in one tensor, and their sizes."""
+        if self.ahead > 0:
+            return self._ahead(i, active)
         parts = [self.positions[j][i] for j in active]
+        return self._read(parts, {j: [len(p)] for j, p in zip(active, parts, strict=True)}), [len(p) for p in parts]
+
+    def _read(self, parts: list[Tensor], draws: Mapping[int, list[int]]) -> tuple[Tensor, Tensor]:
+        """The images at ``parts`` (concatenated), transformed; ``draws``: each client's batch sizes, in its order.
+
+        Each client's choices are drawn in one visit to its stream; ``parts`` lists the batches in the order of the
+        ``draws`` interleaved step by step (a step's clients in ``draws``' order).
+        """
         idx = torch.cat(parts)
         x, y = self.x[idx], self.y[idx]
         if self.augment is not None:
-            drawn = []
-            for j, part in zip(active, parts, strict=True):
+            drawn: dict[int, list[dict[str, Tensor]]] = {}
+            for j, sizes in draws.items():
                 with self.rngs[j].active():
-                    drawn.append(self.augment.draw(len(part), x.shape[-2:], x.device))
-            x = self.augment.apply(x, {key: torch.cat([d[key] for d in drawn]) for key in drawn[0]})
+                    drawn[j] = [self.augment.draw(n, x.shape[-2:], x.device) for n in sizes]
+            order = [drawn[j][s] for s in range(max(map(len, draws.values()))) for j in draws if s < len(drawn[j])]
+            x = self.augment.apply(x, {key: torch.cat([d[key] for d in order]) for key in order[0]})
         elif self.transform is not None:
             x = self.transform(x)
-        return (x, y), [len(p) for p in parts]
+        return x, y
+
+    def _ahead(self, i: int, active: Sequence[int]) -> tuple[tuple[Tensor, Tensor], list[int]]:
+        if self._chunk is None or not self._chunk[0] <= i < self._chunk[1]:
+            self._chunk = self._read_ahead(i)
+        start, _, x, y, offsets, sizes = self._chunk
+        at, n = offsets[i - start], sizes[i - start]
+        if len(n) != len(active):
+            raise RuntimeError(f"step {i}: {len(active)} clients train, the batches read ahead hold {len(n)}")
+        return (x[at : at + sum(n)], y[at : at + sum(n)]), n
+
+    def _read_ahead(self, start: int) -> tuple[int, int, Tensor, Tensor, list[int], list[list[int]]]:
+        """Steps ``start`` onwards, as many as :attr:`ahead` bytes of transformed images hold (one at least)."""
+        k = len(self.positions)
+        per_sample = 4 * math.prod(self.x.shape[1:])  # the transformed images are float32
+        last = max(len(p) for p in self.positions)
+        end, total, offsets, sizes = start, 0, [], []
+        while end < last:
+            step = [len(self.positions[j][end]) for j in range(k) if len(self.positions[j]) > end]
+            if end > start and (total + sum(step)) * per_sample > self.ahead:
+                break
+            offsets.append(total)
+            sizes.append(step)
+            total += sum(step)
+            end += 1
+        members = [j for j in range(k) if len(self.positions[j]) > start]
+        draws = {j: [len(pos) for pos in self.positions[j][start:end]] for j in members}
+        parts = [self.positions[j][s] for s in range(start, end) for j in members if s < len(self.positions[j])]
+        x, y = self._read(parts, draws)
+        if self.augment is not None:  # the global stream ends where step-by-step reading leaves it: the step's last
+            with self.rngs[[j for j in members if len(self.positions[j]) >= end][-1]].active():
+                pass
+        return start, end, x, y, offsets, sizes

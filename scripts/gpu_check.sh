@@ -3,15 +3,17 @@
 # needed: the checkout is put on PYTHONPATH). Every piece has its own time limit and the whole run stays under
 # 6.5 minutes, so that it can run twice within 15 minutes of GPU time:
 #
-#   1. the tests marked `gpu` (100 s): the captured step equals the sequential engine in float32 for every method and
+#   1. the tests marked `gpu` (120 s): the captured step equals the sequential engine in float32 for every method and
 #      ends within a point of it after 20 rounds in bf16-mixed; the group size fits a memory budget; every method
-#      trains batched in bf16-mixed;
-#   2. bench/bench_engines.py --gpu --method fedntd on the Fashion-MNIST and CIFAR-10-shaped FedNTD settings (130 s):
-#      sequential, batched (its step a CUDA graph) and batched uncaptured, each step's time beside its arithmetic
-#      floor, the peak memory per client, 200 rounds;
-#   3. the route: FedNTD in the Fashion-MNIST setting through cli.py fit, its step compiled (torch.compile, then
-#      recorded) against recorded as it is (80 s);
-#   4. FedNTD and FedLMD through cli.py fit, sequential against batched (80 s).
+#      trains batched in bf16-mixed, its steps recorded;
+#   2. bench/bench_engines.py --gpu --method fedntd on the Fashion-MNIST and CIFAR-10-shaped FedNTD settings (100 s):
+#      sequential, batched (its step a CUDA graph) and batched uncaptured, each step's time beside its graph's replay
+#      alone and its arithmetic floor, the peak memory per client, 200 rounds;
+#   3. FedNTD and FedLMD through cli.py fit, sequential against batched (110 s);
+#   4. the CIFAR-10-shaped setting again with cuDNN's benchmark mode (its grouped convolutions' algorithms timed
+#      first), sequential against batched (60 s);
+#   5. with ROUTE=1 only (70 s more): the route, FedNTD in the Fashion-MNIST setting through cli.py fit, its step
+#      recorded as it is against compiled (torch.compile) then recorded.
 #
 # Logs go to $OUT (default /tmp/gpu_check). Fashion-MNIST is read from ./data or Debian's folder: from a machine
 # without it, copy the IDX files into ./data first (30 MB).
@@ -32,16 +34,21 @@ if torch.cuda.is_available():
 EOF
 status=0
 start=$SECONDS
-timeout 100 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_step_capture.py tests/test_batched.py \
+timeout 120 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_step_capture.py tests/test_batched.py \
   tests/test_engine.py tests/test_server_optim.py 2>&1 | tee "$OUT/gpu_tests.log" || status=1
 echo "tests: $((SECONDS - start)) s" | tee -a "$OUT/gpu_tests.log"
-timeout 130 "$PY" bench/bench_engines.py --gpu --method fedntd --rounds 3 --groups "" \
+timeout 100 "$PY" bench/bench_engines.py --gpu --method fedntd --rounds 3 --groups "" \
   --workloads fmnist_ntd,cifar10_ntd_shapes 2>&1 | tee "$OUT/bench_engines_gpu.log" || status=1
 echo "bench_engines: $((SECONDS - start)) s" | tee -a "$OUT/bench_engines_gpu.log"
-timeout 80 "$PY" bench/bench_method_engines.py --gpu --rounds 4 --configs fedntd_fmnist_shard2 \
-  --engines batched:graph,batched:compile 2>&1 | tee "$OUT/bench_route_gpu.log" || status=1
-echo "route: $((SECONDS - start)) s" | tee -a "$OUT/bench_route_gpu.log"
-timeout 80 "$PY" bench/bench_method_engines.py --gpu --rounds 4 --configs fedntd_fmnist_shard2,fedlmd_fmnist_shard2 \
+timeout 110 "$PY" bench/bench_method_engines.py --gpu --rounds 3 --configs fedntd_fmnist_shard2,fedlmd_fmnist_shard2 \
   2>&1 | tee "$OUT/bench_methods_gpu.log" || status=1
-echo "all: $((SECONDS - start)) s, status $status" | tee -a "$OUT/bench_methods_gpu.log"
+echo "methods: $((SECONDS - start)) s" | tee -a "$OUT/bench_methods_gpu.log"
+timeout 60 "$PY" bench/bench_engines.py --gpu --method fedntd --rounds 3 --groups "" --captures "" \
+  --workloads cifar10_ntd_shapes --cudnn-benchmark 2>&1 | tee "$OUT/bench_cudnn_gpu.log" || status=1
+echo "cudnn benchmark: $((SECONDS - start)) s" | tee -a "$OUT/bench_cudnn_gpu.log"
+if [ "${ROUTE:-0}" = 1 ]; then
+  timeout 70 "$PY" bench/bench_method_engines.py --gpu --rounds 4 --configs fedntd_fmnist_shard2 \
+    --engines batched:graph,batched:compile 2>&1 | tee "$OUT/bench_route_gpu.log" || status=1
+fi
+echo "all: $((SECONDS - start)) s, status $status" | tee -a "$OUT/bench_cudnn_gpu.log"
 exit "$status"

@@ -743,10 +743,13 @@ def _digits_fit(
     rounds: int,
     name: str = "fedntd",
     accelerator: str = "gpu",
+    **federation: Any,
 ) -> tuple[Federation, FedAvg]:
-    """``rounds`` rounds of ``name`` on digits (5 clients, Dirichlet(1), E=2) with the given engine and precision."""
+    """``rounds`` rounds of ``name`` on digits (5 clients, Dirichlet(1), E=2) with the given engine and precision;
+    ``federation``: more of :class:`~fl_lightning.Federation`'s arguments."""
     L.seed_everything(0, verbose=False)
     method, fed_kwargs = _case(name)
+    fed_kwargs = {**fed_kwargs, **federation}
     dm = FederatedDataModule(
         "digits", num_clients=5, partition="dirichlet", alpha=1.0, batch_size=32, **DATA_KWARGS.get(name, {})
     )
@@ -813,3 +816,7 @@ def test_every_method_trains_batched_in_bf16_on_a_gpu(tmp_path: Path, name: str)
     assert fed.status == "completed"
     assert all(math.isfinite(row["train_loss"]) and math.isfinite(row["global_loss"]) for row in fed.history)
     assert max(row["global_acc"] for row in fed.history) > 0.5, fed.history  # chance: 0.1; CPU bf16: 0.54-0.92
+    notes = fed.executor.capture.notes
+    if name == "fedrs" and notes:  # seen on an H200 (2026-11-28), not yet explained: FedRS's bf16 step ran uncaptured
+        pytest.xfail(f"FedRS's bf16 step was not recorded: {notes[0]}")
+    assert notes == [], notes  # every step that can be recorded was

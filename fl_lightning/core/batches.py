@@ -59,13 +59,11 @@ class ClientBatches:
             yield (self.transform(x) if self.transform is not None else x), self.y[pos]
 
     def to(self, device: torch.device | str, **kwargs: Any) -> ClientBatches:
-        """The same batches on ``device`` (Lightning's batch transfer calls this)."""
-        return ClientBatches(
-            self.x.to(device, **kwargs),
-            self.y.to(device, **kwargs),
-            [b.to(device, **kwargs) for b in self.batches],
-            self.transform,
-        )
+        """The same batches on ``device`` (Lightning's batch transfer calls this); the positions in one copy."""
+        batches = self.batches
+        if batches and batches[0].device != torch.device(device):
+            batches = list(torch.cat(batches).to(device, **kwargs).split([len(b) for b in batches]))
+        return ClientBatches(self.x.to(device, **kwargs), self.y.to(device, **kwargs), batches, self.transform)
 
     def with_transform(self, transform: Callable[[Tensor], Tensor]) -> ClientBatches:
         """The same batches, each passed through ``transform`` when iterated."""

@@ -156,7 +156,12 @@ def process_share(plan: RoundPlan, rank: int = 0, world: int = 1) -> tuple[list[
 
 
 def _finite(values: Mapping[str, Tensor]) -> bool:
-    return all(bool(torch.isfinite(v).all()) for v in values.values() if torch.is_floating_point(v))
+    """Whether every floating tensor of ``values`` is finite: one check (and one wait for the device) per device."""
+    flat: dict[torch.device, list[Tensor]] = {}
+    for v in values.values():
+        if torch.is_floating_point(v):
+            flat.setdefault(v.device, []).append(v.detach().reshape(-1))
+    return all(bool(torch.isfinite(torch.cat(found)).all()) for found in flat.values())
 
 
 @dataclass

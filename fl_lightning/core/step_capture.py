@@ -20,7 +20,7 @@ import contextlib
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import torch
@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 
 #: ``Federation(step_capture=...)``: how the batched engine runs its stacked step.
 CAPTURE_MODES = ("auto", "graph", "compile", "static", "off")
+
+#: Batch shapes besides the first a built step keeps a recording for (:meth:`CapturedStep.for_batch`).
+MAX_SIBLINGS = 4
 
 #: A stacked loss: ``(params, buffers, attrs, x, y) -> [K]`` losses (``vmap`` of the method's ``client_loss``).
 StackedLoss = Callable[[dict[str, Tensor], dict[str, Tensor], list[Tensor], Tensor, Tensor], Tensor]
@@ -218,7 +221,8 @@ class CapturedStep:
     records the step into a CUDA graph and from then on replays it. ``compile`` compiles the step whole
     (``torch.compile(fullgraph=True)``: fewer, fused kernels) and on a CUDA device records the compiled step the same
     way. A capture that fails (the step syncs with the host, or does an operation a graph cannot hold) leaves the
-    state untouched: the step then runs unrecorded and :attr:`note` says why.
+    state untouched: the step then runs unrecorded and :attr:`note` says why. A batch of another shape (every
+    client's short last batch) runs a sibling step on the same state (:meth:`for_batch`).
     """
 
     def __init__(
@@ -229,10 +233,14 @@ class CapturedStep:
         used: Sequence[str],
         warmup: int = 2,
         compile_backend: str = "inductor",
+        sgd: SGDSettings | None = None,
     ) -> None:
         if mode not in ("graph", "compile", "static"):
             raise ValueError(f"a captured step runs as graph, compile or static, got {mode!r}")
         self.fn, self.state, self.mode, self.warmup = fn, state, mode, warmup
+        self.compile_backend = compile_backend
+        #: The SGD settings ``fn`` was made with (:meth:`retarget` changes them).
+        self.sgd = sgd
         #: The parameters the step updates (those the loss reaches), in the order of ``state.momentum``.
         self.used = list(used)
         self.run: Callable[..., None] = (
@@ -244,6 +252,51 @@ class CapturedStep:
         self.calls = 0
         #: Why the step runs uncaptured after all (``None``: it runs as its mode says).
         self.note: str | None = None
+        #: Steps for other batch shapes sharing this one's state (:meth:`for_batch`), least recently used first.
+        self.siblings: OrderedDict[tuple[tuple[int, ...], ...], CapturedStep] = OrderedDict()
+
+    def retarget(self, fn: Callable[..., None], sgd: SGDSettings) -> None:
+        """Run ``fn``, the same step made with other SGD settings (a round's decayed learning rate), on this state.
+
+        A recorded step is recorded again at its next call, without warm-up steps (its kernels have run); its siblings
+        follow. The state, and with it what the step baked in from the module, stays.
+        """
+        self.fn, self.sgd = fn, sgd
+        self.run = torch.compile(fn, fullgraph=True, backend=self.compile_backend) if self.mode == "compile" else fn
+        if self.graph is not None:
+            self.graph = None
+            self.calls = self.warmup
+        for sibling in self.siblings.values():
+            sibling.retarget(fn, sgd)
+
+    def for_batch(self, x: Tensor, y: Tensor) -> CapturedStep | None:
+        """The step for batches shaped like one client's ``x`` and ``y``: this one, or a sibling sharing its state.
+
+        A sibling has input slots of the new shape (every client's short last batch at once) and its own recording; it
+        is kept for the next rounds.
+
+        ``None`` in mode ``compile``, where a new shape would compile the step again.
+        """
+        shape = (tuple(x.shape), tuple(y.shape))
+        if shape == (tuple(self.state.x.shape[1:]), tuple(self.state.y.shape[1:])):
+            return self
+        if self.mode == "compile" or x.dtype != self.state.x.dtype or y.dtype != self.state.y.dtype:
+            return None
+        sibling = self.siblings.get(shape)
+        if sibling is not None:
+            self.siblings.move_to_end(shape)
+            return sibling
+        k, device = self.state.x.shape[0], self.state.x.device
+        state = replace(
+            self.state,
+            x=torch.zeros((k, *shape[0]), dtype=x.dtype, device=device),
+            y=torch.zeros((k, *shape[1]), dtype=y.dtype, device=device),
+        )
+        sibling = CapturedStep(self.fn, state, self.mode, self.used, self.warmup, self.compile_backend, self.sgd)
+        self.siblings[shape] = sibling
+        while len(self.siblings) > MAX_SIBLINGS:
+            self.siblings.popitem(last=False)
+        return sibling
 
     def load(
         self,
