@@ -489,8 +489,9 @@ def _read(clients: Sequence[StackedClient], active: Sequence[int]) -> dict[int, 
 
 
 #: Bytes of transformed images a captured stack gathers ahead (:class:`_Gather`'s ``ahead``): a round's steps are
-#: read and augmented a chunk at a time, so that a replayed step has two copies of host work before it. The chunk and
-#: its transform's temporaries (a few times this) count in the stack's measured peak memory.
+#: read and augmented a chunk at a time, so that between two replays of the step the host only copies the next batch
+#: into its inputs. The chunk and its transform's temporaries (a few times this) count in the stack's measured peak
+#: memory.
 GATHER_AHEAD_BYTES = 32 * 2**20
 
 

@@ -446,6 +446,54 @@ def test_graph_mode_warms_up_records_once_and_replays(monkeypatch: pytest.Monkey
     assert cache.notes == [] and cache.builds == 1
 
 
+def test_a_sibling_records_after_its_warm_up_and_a_new_learning_rate_records_both_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The CUDA calls stood in for: a sibling (every client's short last batch) warms up and records on its own; a
+    decayed learning rate records the step and its sibling again at their next calls, without warm-up steps."""
+    recorded: list[_Replayed] = []
+    warmed: list[CapturedStep] = []
+
+    def warm_up(self: CapturedStep) -> None:
+        warmed.append(self)
+        self.run(*self.state.tensors())
+
+    monkeypatch.setattr(CapturedStep, "_warm_up", warm_up)
+    monkeypatch.setattr(CapturedStep, "_record", lambda self: recorded.append(_Replayed(self)) or recorded[-1])
+    torch.manual_seed(0)
+    module = FedNTD(net=nn.Sequential(nn.Flatten(), nn.Linear(4, 3)), num_classes=3)
+    module.refresh_teacher()
+    data = [[(torch.randn(n, 4), torch.randint(0, 3, (n,))) for n in (4, 4, 4, 2)] for _ in range(3)]
+    cache = StepCache("graph")
+    sgd = SGDSettings(lr=0.1, momentum=0.9)
+    for _ in range(3):  # the sibling takes each round's last step: warm-ups in rounds 1 and 2, recorded in round 3
+        train_stacked(module, _clients(data), sgd, capture=cache)
+    step = next(iter(cache))
+    sibling = step.siblings[((2, 4), (2,))]
+    assert [r.step for r in recorded] == [step, sibling] and warmed.count(sibling) == 2
+    decayed = SGDSettings(lr=0.05, momentum=0.9)
+    expected = train_stacked(module, _clients(data), decayed)
+    warmed.clear()
+    got = train_stacked(module, _clients(data), decayed, capture=cache)
+    for name, value in expected.params.items():
+        torch.testing.assert_close(got.params[name], value, atol=1e-6, rtol=0, msg=name)
+    assert cache.builds == 1 and step.sgd == sibling.sgd == decayed
+    assert warmed == [] and [r.step for r in recorded[2:]] == [step, sibling]
+
+
+def test_a_compiled_step_retargeted_warms_up_before_it_records_again() -> None:
+    """A new learning rate compiles a new function: it runs (compiles) outside a recording first."""
+    state = allocate_state({}, {}, [], [], torch.zeros(2, 3, 4), torch.zeros(2, 3, dtype=torch.long))
+    step = CapturedStep(lambda *tensors: None, state, "compile", [], compile_backend="eager")
+    step.records, step.graph, step.calls = True, object(), 2  # as on a GPU, once recorded
+    step.retarget(lambda *tensors: None, SGDSettings(lr=0.05))
+    assert step.graph is None and step.calls == 0 and step.sgd == SGDSettings(lr=0.05)
+    graph = CapturedStep(lambda *tensors: None, state, "graph", [])
+    graph.graph, graph.calls = object(), 2
+    graph.retarget(lambda *tensors: None, SGDSettings(lr=0.05))
+    assert graph.graph is None and graph.calls == graph.warmup  # recorded at the next call: its kernels have run
+
+
 def test_graph_runner_warms_up_on_a_side_stream_and_restricts_only_its_own_thread(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -536,7 +584,8 @@ def _gathered(ahead: int) -> tuple[list[tuple[Tensor, Tensor, list[int]]], Tenso
     return out, torch.get_rng_state()
 
 
-@pytest.mark.parametrize("ahead", [1, 64 * 3 * 4 * 5, 10**9], ids=["a-step-a-time", "three-steps", "all"])
+# A step of the three clients is at most 15 images of 256 bytes: steps (0-1, 2-4) and (0-3, 4) are read together.
+@pytest.mark.parametrize("ahead", [1, 256 * 30, 256 * 45, 10**9], ids=["a-step-a-time", "two-steps", "four", "all"])
 def test_reading_ahead_gives_each_steps_batches_and_random_choices(ahead: int) -> None:
     """Steps read (and augmented) ahead in chunks equal those read one by one, and leave the same global stream."""
     expected, expected_state = _gathered(0)
@@ -555,7 +604,7 @@ def test_augmented_static_steps_read_ahead_and_match_sequential(
     """A captured stack reads its steps ahead (here a few at a time); augmentation keeps each client's stream."""
     import fl_lightning.stacked as stacked
 
-    monkeypatch.setattr(stacked, "GATHER_AHEAD_BYTES", 3 * 32 * 64 * 4)
+    monkeypatch.setattr(stacked, "GATHER_AHEAD_BYTES", 3 * 5 * 32 * 64 * 4)  # three steps of 5 clients' 32 images
     augment = {"crop_padding": 1, "hflip": True, "cutout": 2}
     results = {
         engine: run(tmp_path, engine, rounds=2, data_kwargs=augment, fed_kwargs=fed_kwargs)

@@ -60,8 +60,9 @@ class ClientBatches:
 
     def to(self, device: torch.device | str, **kwargs: Any) -> ClientBatches:
         """The same batches on ``device`` (Lightning's batch transfer calls this); the positions in one copy."""
-        batches = self.batches
-        if batches and batches[0].device != torch.device(device):
+        batches, target = self.batches, torch.device(device)
+        at = batches[0].device if batches else target
+        if at.type != target.type or target.index not in (None, at.index):
             batches = list(torch.cat(batches).to(device, **kwargs).split([len(b) for b in batches]))
         return ClientBatches(self.x.to(device, **kwargs), self.y.to(device, **kwargs), batches, self.transform)
 

@@ -156,11 +156,11 @@ def process_share(plan: RoundPlan, rank: int = 0, world: int = 1) -> tuple[list[
 
 
 def _finite(values: Mapping[str, Tensor]) -> bool:
-    """Whether every floating tensor of ``values`` is finite: one check (and one wait for the device) per device."""
-    flat: dict[torch.device, list[Tensor]] = {}
+    """Whether every floating tensor of ``values`` is finite: one check and one wait per device and dtype."""
+    flat: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
     for v in values.values():
         if torch.is_floating_point(v):
-            flat.setdefault(v.device, []).append(v.detach().reshape(-1))
+            flat.setdefault((v.device, v.dtype), []).append(v.detach().reshape(-1))
     return all(bool(torch.isfinite(torch.cat(found)).all()) for found in flat.values())
 
 

@@ -258,14 +258,16 @@ class CapturedStep:
     def retarget(self, fn: Callable[..., None], sgd: SGDSettings) -> None:
         """Run ``fn``, the same step made with other SGD settings (a round's decayed learning rate), on this state.
 
-        A recorded step is recorded again at its next call, without warm-up steps (its kernels have run); its siblings
-        follow. The state, and with it what the step baked in from the module, stays.
+        A recorded step is recorded again: in mode ``graph`` at its next call, without warm-up steps (its kernels have
+        run); in mode ``compile`` after its warm-up steps, the first of which compiles the new function (a compilation
+        cannot run inside a recording). Its siblings follow. The state, and with it what the step baked in from the
+        module, stays.
         """
         self.fn, self.sgd = fn, sgd
         self.run = torch.compile(fn, fullgraph=True, backend=self.compile_backend) if self.mode == "compile" else fn
         if self.graph is not None:
             self.graph = None
-            self.calls = self.warmup
+            self.calls = self.warmup if self.mode == "graph" else 0
         for sibling in self.siblings.values():
             sibling.retarget(fn, sgd)
 
