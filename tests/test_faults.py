@@ -257,7 +257,14 @@ def test_a_damaged_checkpoint_given_by_path_is_refused_with_one_line(copy, capsy
     else:
         shutil.copy(ROOT / "configs/quickstart.yaml", ckpt)
     assert cli.run(fit_args(copy, "--ckpt_path", str(ckpt), rounds=5)) == 2
-    assert last_error_line(capsys).startswith(f"error: checkpoint {ckpt} cannot be loaded")
+    line = last_error_line(capsys)
+    assert line.startswith(f"error: checkpoint {ckpt} cannot be loaded")
+    said = {
+        "truncated": "(cut short: its archive ends early); it is damaged",
+        "random bytes": "it is no PyTorch checkpoint; resume from a checkpoint file",
+        "a YAML file": "it is a text file, not a checkpoint (a config goes to --config); resume from a checkpoint file",
+    }[damage]
+    assert said in line, line
 
 
 def test_checksum_round_trip(tmp_path):

@@ -29,7 +29,14 @@ CHECKSUM_RECORD = ".data/fl_lightning_sha256"
 
 
 class DamagedCheckpoint(ValueError):
-    """A checkpoint whose content does not match its checksum, or a file that is no PyTorch checkpoint at all."""
+    """A checkpoint whose content does not match its checksum, or a file that is no PyTorch checkpoint at all.
+
+    ``foreign``: the file is no checkpoint at all (a text file, say), rather than a damaged one.
+    """
+
+    def __init__(self, message: str, foreign: bool = False) -> None:
+        super().__init__(message)
+        self.foreign = foreign
 
 
 def temporary_name(path: Path) -> Path:
@@ -102,6 +109,27 @@ def seal_checkpoint(path: str | Path) -> None:
 _VERIFIED: dict[tuple[str, int, int], bool] = {}
 
 
+def _not_an_archive(path: Path) -> DamagedCheckpoint:
+    """Why ``path``, which is no readable zip archive, cannot be loaded: cut short, a text file, or other bytes."""
+    with path.open("rb") as f:
+        head = f.read(4096)
+    if head.startswith(b"PK"):
+        return DamagedCheckpoint(f"checkpoint {path} cannot be loaded (cut short: its archive ends early)")
+    what = "a text file, not a checkpoint (a config goes to --config)" if _is_text(head) else "no PyTorch checkpoint"
+    return DamagedCheckpoint(f"checkpoint {path} cannot be loaded: it is {what}", foreign=True)
+
+
+def _is_text(head: bytes) -> bool:
+    """Whether the first bytes of a file read as UTF-8 text (a character cut at the end allowed)."""
+    if b"\0" in head or not head.strip():
+        return False
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as err:
+        return err.start >= len(head) - 3
+    return True
+
+
 def verify_checkpoint(path: str | os.PathLike[str]) -> bool:
     """Check that a checkpoint is whole and unchanged since it was written, before anything is restored from it.
 
@@ -128,9 +156,7 @@ def verify_checkpoint(path: str | os.PathLike[str]) -> bool:
     except zipfile.BadZipFile as err:
         if "CRC" in str(err):
             raise DamagedCheckpoint(f"checkpoint {path} cannot be loaded (a record does not match its CRC-32)") from err
-        raise DamagedCheckpoint(
-            f"checkpoint {path} cannot be loaded (cut short, or not a PyTorch checkpoint at all)"
-        ) from err
+        raise _not_an_archive(path) from err
     except (OSError, EOFError, ValueError, KeyError) as err:
         raise DamagedCheckpoint(f"checkpoint {path} cannot be loaded ({err})") from err
     if digest != expected:

@@ -275,6 +275,10 @@ def check_checkpoint_file(path: str | os.PathLike[str]) -> None:
     try:
         verify_checkpoint(path)
     except DamagedCheckpoint as err:
+        if err.foreign:
+            raise RunDirError(
+                f"{err}; resume from a checkpoint file, such as <run dir>/checkpoints/last.ckpt, or from last"
+            ) from err
         raise RunDirError(
             f"{err}; it is damaged: resume from another checkpoint with --ckpt_path <file>, or start again with "
             "--overwrite"
