@@ -568,7 +568,8 @@ class _Gather:
         at, n = offsets[i - start], sizes[i - start]
         if len(n) != len(active):
             raise RuntimeError(f"step {i}: {len(active)} clients train, the batches read ahead hold {len(n)}")
-        return (x[at : at + sum(n)], y[at : at + sum(n)]), n
+        end = at + sum(n)
+        return (x[at:end], y[at:end]), n
 
     def _read_ahead(self, start: int) -> tuple[int, int, Tensor, Tensor, list[int], list[list[int]]]:
         """Steps ``start`` onwards, as many as :attr:`ahead` bytes of transformed images hold (one at least)."""

@@ -243,9 +243,7 @@ class CapturedStep:
         self.sgd = sgd
         #: The parameters the step updates (those the loss reaches), in the order of ``state.momentum``.
         self.used = list(used)
-        self.run: Callable[..., None] = (
-            torch.compile(fn, fullgraph=True, backend=compile_backend) if mode == "compile" else fn
-        )
+        self.run = self._runner(fn)
         #: Whether the step is recorded as a CUDA graph (``graph``, and ``compile`` on a CUDA device).
         self.records = mode == "graph" or (mode == "compile" and state.x.is_cuda)
         self.graph: Any = None
@@ -254,6 +252,10 @@ class CapturedStep:
         self.note: str | None = None
         #: Steps for other batch shapes sharing this one's state (:meth:`for_batch`), least recently used first.
         self.siblings: OrderedDict[tuple[tuple[int, ...], ...], CapturedStep] = OrderedDict()
+
+    def _runner(self, fn: Callable[..., None]) -> Callable[..., None]:
+        """What runs ``fn``: itself, or in mode ``compile`` its compiled whole."""
+        return torch.compile(fn, fullgraph=True, backend=self.compile_backend) if self.mode == "compile" else fn
 
     def retarget(self, fn: Callable[..., None], sgd: SGDSettings) -> None:
         """Run ``fn``, the same step made with other SGD settings (a round's decayed learning rate), on this state.
@@ -264,7 +266,7 @@ class CapturedStep:
         module, stays.
         """
         self.fn, self.sgd = fn, sgd
-        self.run = torch.compile(fn, fullgraph=True, backend=self.compile_backend) if self.mode == "compile" else fn
+        self.run = self._runner(fn)
         if self.graph is not None:
             self.graph = None
             self.calls = self.warmup if self.mode == "graph" else 0
