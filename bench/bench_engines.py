@@ -34,6 +34,8 @@ What is measured, per workload:
 - With ``--gpu`` the batched engine runs twice: as ``auto`` runs it on a GPU (each full-batch step replayed as one
   CUDA graph, ``Federation(step_capture="auto")``) and uncaptured (``batched off``); ``--captures off,compile``
   adds other modes. ``ran`` says which steps were ``graph``, ``compile``, ``static`` or ``uncaptured`` after all.
+  ``--stacked-convs matmul,loop`` adds the batched engine (capture ``auto``) with each other way of computing its
+  stacked convolutions (``Federation(stacked_conv=...)``; the default runs are ``grouped``).
   For each batched fit: the step time (the median round's seconds minus one global evaluation, timed apart after
   the last round, over the round's stacked steps), beside the arithmetic floor (the method's loss forward and
   backward on one full batch, counted by ``torch.utils.flop_counter`` on the CPU, times the clients of a round, over
@@ -41,9 +43,9 @@ What is measured, per workload:
   and 200 rounds at the median.
 
 Usage: ``python bench/bench_engines.py [--workloads quickstart,tabular,fmnist_ntd,cifar10_ntd_shapes] [--rounds 3]
-[--groups 2,5] [--method fedntd] [--gpu] [--captures off,compile] [--cudnn-benchmark] [--peak-tflops 989] [--threads N]
-[--verbose]`` (``--gpu``: ``accelerator="gpu"``, ``precision="bf16-mixed"``; ``--method``: the workloads' method,
-FedAvg by default, with its defaults on the same setting)
+[--groups 2,5] [--method fedntd] [--gpu] [--captures off,compile] [--stacked-convs matmul,loop] [--cudnn-benchmark]
+[--peak-tflops 989] [--threads N] [--verbose]`` (``--gpu``: ``accelerator="gpu"``, ``precision="bf16-mixed"``;
+``--method``: the workloads' method, FedAvg by default, with its defaults on the same setting)
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ import platform
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +72,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from fl_lightning import FedAvg, FederatedDataModule, Federation
 from fl_lightning.core.models import build_model
+from fl_lightning.core.stacked_conv import STACKED_CONVS
 from fl_lightning.core.step_capture import CAPTURE_MODES
 from fl_lightning.methods import METHODS
 
@@ -276,6 +279,7 @@ def fit(
     trainer_kw: dict[str, Any],
     extra: Callable[[Federation], list[L.Callback]] | None = None,
     capture: str = "auto",
+    conv: str = "grouped",
 ) -> Federation:
     """One ``Trainer.fit`` of ``rounds`` rounds of ``work`` in a fresh temporary run directory."""
     L.seed_everything(0, verbose=False)
@@ -285,6 +289,7 @@ def fit(
         engine=engine,
         group_size=group_size,
         step_capture=capture,
+        stacked_conv=conv,
         plots=False,
         **work.federation,
     )
@@ -302,7 +307,13 @@ def fit(
 
 
 def time_engine(
-    work: Workload, engine: str, group: int | None, rounds: int, trainer_kw: dict[str, Any], capture: str = "auto"
+    work: Workload,
+    engine: str,
+    group: int | None,
+    rounds: int,
+    trainer_kw: dict[str, Any],
+    capture: str = "auto",
+    conv: str = "grouped",
 ) -> Result:
     """Median round seconds over ``rounds`` rounds after one warm-up round."""
     timer: list[StepTimer] = []
@@ -311,10 +322,12 @@ def time_engine(
         timer.append(StepTimer(fed))
         return timer
 
-    fed = fit(work, engine, group, rounds + 1, trainer_kw, extra, capture)
+    fed = fit(work, engine, group, rounds + 1, trainer_kw, extra, capture, conv)
     label = engine if group is None else f"{engine} g={group}"
     if engine == "batched" and capture != "auto":
         label += f" {capture}"
+    if conv != "grouped":
+        label += f" {conv}"
     seconds = statistics.median(row["round_seconds"] for row in fed.history[1:])
     used = fed.engine_used
     cache = getattr(fed.executor, "capture", None)
@@ -422,17 +435,22 @@ def run_workload(
     method: type[FedAvg],
     peak: float | None,
     captures: list[str],
+    convs: Sequence[str] = (),
 ) -> list[Result]:
     work = BUILDERS[name]()
     work.method = method
     print(f"\n== {name} ({method.__name__}): {work.describe}", flush=True)
     results = []
-    configs: list[tuple[str, int | None, str]] = [("sequential", None, "auto"), ("batched", None, "auto")]
-    configs += [("batched", None, capture) for capture in captures if capture != "auto"]
-    configs += [("batched", g, "auto") for g in groups if g < work.clients_per_round]
-    for engine, group, capture in configs:
-        res = time_engine(work, engine, group, rounds, trainer_kw, capture)
-        if group is None and capture == "auto":
+    configs: list[tuple[str, int | None, str, str]] = [
+        ("sequential", None, "auto", "grouped"),
+        ("batched", None, "auto", "grouped"),
+    ]
+    configs += [("batched", None, capture, "grouped") for capture in captures if capture != "auto"]
+    configs += [("batched", None, "auto", conv) for conv in convs if conv != "grouped"]
+    configs += [("batched", g, "auto", "grouped") for g in groups if g < work.clients_per_round]
+    for engine, group, capture, conv in configs:
+        res = time_engine(work, engine, group, rounds, trainer_kw, capture, conv)
+        if group is None and capture == "auto" and conv == "grouped":
             res.ops, res.eval_ops, res.kernels, _ = count_ops(work, engine, trainer_kw)
         results.append(res)
         ops = f"{res.ops:>9,d} ops/round (eval {res.eval_ops:,d}), {res.kernels:,d} kernels" if res.ops else ""
@@ -481,6 +499,11 @@ def main() -> None:
         help="comma-separated step_capture modes the batched engine runs besides auto (default: off with --gpu)",
     )
     parser.add_argument(
+        "--stacked-convs",
+        default="",
+        help="comma-separated stacked_conv lowerings the batched engine runs besides grouped (matmul, loop)",
+    )
+    parser.add_argument(
         "--cudnn-benchmark",
         action="store_true",
         help="Trainer(benchmark=True): cuDNN times its convolution algorithms first (the stacked step's grouped ones)",
@@ -522,7 +545,10 @@ def main() -> None:
     bad = [c for c in captures if c not in CAPTURE_MODES]
     if bad:
         parser.error(f"unknown step_capture modes {bad}; choose from {', '.join(CAPTURE_MODES)}")
-    table = {name: run_workload(name, args.rounds, groups, trainer_kw, method, peak, captures) for name in names}
+    convs = [c for c in args.stacked_convs.split(",") if c]
+    if any(c not in STACKED_CONVS for c in convs):
+        parser.error(f"unknown stacked_conv lowerings in {convs}; choose from {', '.join(STACKED_CONVS)}")
+    table = {name: run_workload(name, args.rounds, groups, trainer_kw, method, peak, captures, convs) for name in names}
 
     print("\n" + "=" * 100)
     print(host() + f"; {device}; median of {args.rounds} rounds after 1 warm-up")
@@ -545,6 +571,10 @@ def main() -> None:
             f"{seq.ops / bat.ops:.1f}x ops/round, {seq.kernels / bat.kernels:.1f}x kernels/round; "
             f"200 rounds batched {200 * bat.seconds:.1f} s"
         )
+        for r in results[2:]:
+            if r.engine in (f"batched {c}" for c in convs) and r.seconds:
+                ratio = seq.seconds / r.seconds
+                print(f"{'':<20}sequential/{r.engine}: {ratio:.2f}x; 200 rounds {200 * r.seconds:.1f} s")
         uncaptured = next((r for r in results if r.engine == "batched off"), None)
         if uncaptured is not None and uncaptured.seconds:
             print(

@@ -76,7 +76,8 @@ class BatchedClients(ClientExecutor):
     client's ``on_client_end`` runs on its own weights and its results go to the round
     (:meth:`~fl_lightning.executor.ClientExecutor.end_client`). A group that cannot train stacked trains one client
     after another, and so does every later group. The arguments are :class:`~fl_lightning.executor.ClientExecutor`'s,
-    and ``capture``: the fit's cache of built (captured) steps, kept across rounds.
+    and ``capture``: the fit's cache of built (captured) steps, kept across rounds; ``conv``: how stacked 2-d
+    convolutions are computed (:data:`~fl_lightning.core.stacked_conv.STACKED_CONVS`).
     """
 
     def __init__(
@@ -86,8 +87,11 @@ class BatchedClients(ClientExecutor):
         seed: int,
         evaluate_local: Callable[[L.LightningModule], Evaluation] | None = None,
         capture: StepCache | None = None,
+        conv: str = "grouped",
     ) -> None:
         super().__init__(datamodule, client_states, seed, evaluate_local)
+        #: How the stacked steps compute 2-d convolutions (:func:`~fl_lightning.stacked.train_stacked`'s ``conv``).
+        self.conv = conv
         #: The fit's built stacked steps (``None``: every step runs uncaptured, :func:`train_stacked`'s ``capture``).
         self.capture = capture
         #: The largest peak GPU memory per stacked client measured so far (zero off CUDA).
@@ -215,6 +219,7 @@ class BatchedClients(ClientExecutor):
                     on_step=functools.partial(_count_steps, opt),
                     augment=transform if random_batches else None,
                     capture=self.capture,
+                    conv=self.conv,
                 )
             self.memory.record(len(stack), peak.bytes)
             # The local weights go into the module only for a method that reads them at its client's end.

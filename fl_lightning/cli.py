@@ -204,6 +204,9 @@ def run(args: list[str], overwrite: bool = False, debug: bool = False) -> int:
         elif previous is not None:
             for signum, handler in zip((signal.SIGINT, signal.SIGTERM), previous, strict=True):
                 signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+    from fl_lightning.core.distributed import end_process_group
+
+    end_process_group()
     if cli.subcommand != "fit":
         return 0
     if cli.trainer.global_rank != 0:  # only rank 0 writes summary.json; the others hold its status

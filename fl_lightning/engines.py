@@ -21,6 +21,7 @@ from torch.func import functional_call, vmap
 from fl_lightning.batched import BatchedClients
 from fl_lightning.core.evaluation import Evaluation
 from fl_lightning.core.gpu_memory import GIB, MIB, PeakMemory, fitting_group, memory_budget
+from fl_lightning.core.stacked_conv import lowered_convolutions
 from fl_lightning.core.stacking import overrides, stacked_state
 from fl_lightning.core.state import ClientStateStore
 from fl_lightning.core.step_capture import StepCache, resolve_capture
@@ -35,6 +36,11 @@ CAPTURE_NOTES = {
     "graph": "each full-batch step replayed as one CUDA graph",
     "compile": "each full-batch step compiled whole (torch.compile; on a GPU replayed as one CUDA graph)",
     "static": "each full-batch step one function of static tensors (uncaptured)",
+}
+#: What the run's first line adds about the stacked convolutions, per lowering other than ``grouped``.
+STACKED_CONV_NOTES = {
+    "matmul": "im2col and one batched matmul (stacked_conv=matmul)",
+    "loop": "one convolution per client (stacked_conv=loop)",
 }
 #: ``auto`` on a CPU: batched when a local batch holds at most this many input values (see :func:`auto_engine`).
 AUTO_CPU_BATCH_VALUES = 8192
@@ -75,6 +81,7 @@ def choose_executor(
     on_capture_note: Callable[[str], None] | None = None,
     clients_per_round: int = 1,
     memory_budget_gb: float | None = None,
+    stacked_conv: str = "grouped",
 ) -> EngineChoice:
     """The executor for the ``requested`` engine (one of :data:`ENGINES`) with this Trainer, module and data.
 
@@ -97,6 +104,8 @@ def choose_executor(
         on_capture_note: told why, when a stacked step runs uncaptured after all.
         clients_per_round: the clients a process trains in a round (the largest useful group).
         memory_budget_gb: GPU memory the stacked clients may use (``None``: 90 % of the free memory at fit start).
+        stacked_conv: how the batched engine computes stacked 2-d convolutions (one of
+            :data:`~fl_lightning.core.stacked_conv.STACKED_CONVS`).
     """
     capture = resolve_capture(step_capture, torch.device(module.device))
     engine, note, refusal = "sequential", None, None
@@ -123,12 +132,12 @@ def choose_executor(
             note = f"engine auto: {engine} ({why})"
     if engine == "batched":
         cache = StepCache(capture, on_note=on_capture_note) if capture != "off" else None
-        batched = BatchedClients(datamodule, client_states, seed, evaluate_local, cache)
+        batched = BatchedClients(datamodule, client_states, seed, evaluate_local, cache, stacked_conv)
         batched.on_fallback = on_fallback
         group, why, budget = group_size or clients_per_round, "", None
         if group_size is None and module.device.type == "cuda":
             budget = memory_budget(module.device, memory_budget_gb)
-            group, base, per_client = memory_group(module, datamodule, budget, clients_per_round)
+            group, base, per_client = memory_group(module, datamodule, budget, clients_per_round, stacked_conv)
             why = (
                 f" (to fit {budget / GIB:.1f} GiB: about {per_client / MIB:.1f} MiB a client over "
                 f"{base / MIB:.0f} MiB, estimated)"
@@ -136,6 +145,8 @@ def choose_executor(
         note = note or f"engine batched: up to {group} clients trained together{why}"
         if capture != "off":
             note += f"; {CAPTURE_NOTES[capture]}"
+        if stacked_conv != "grouped":
+            note += f"; convolutions as {STACKED_CONV_NOTES[stacked_conv]}"
         return EngineChoice(batched, "batched", group, note, step_capture=capture, memory_budget=budget)
     sequential = SequentialClients(datamodule, client_states, seed, evaluate_local)
     if refusal is not None and requested == "batched":
@@ -149,14 +160,15 @@ MEMORY_MARGIN = 1.5
 
 
 def memory_group(
-    module: L.LightningModule, datamodule: FederatedDataModule, budget: float, clients: int
+    module: L.LightningModule, datamodule: FederatedDataModule, budget: float, clients: int, conv: str = "grouped"
 ) -> tuple[int, float, float]:
     """The group size that fits ``budget`` bytes on the module's GPU, and the fixed and per-client bytes behind it.
 
     Measured on one step of the network's cross-entropy stacked for 1 and then 2 clients (weights, gradients,
     momentum and activations on a full batch of zeros), in float32 (an upper bound for ``bf16-mixed``), planned with
-    a :data:`MEMORY_MARGIN`. The batched executor measures the real step in the first round
-    (:attr:`~fl_lightning.batched.BatchedClients.memory`) and the callback re-fits the group to it.
+    a :data:`MEMORY_MARGIN`, its convolutions computed as ``conv`` (a ``stacked_conv`` lowering) computes them. The
+    batched executor measures the real step in the first round (:attr:`~fl_lightning.batched.BatchedClients.memory`)
+    and the callback re-fits the group to it.
     """
     sample = datamodule.input_sample(module.device)
     peaks = []
@@ -170,7 +182,9 @@ def memory_group(
                 y = torch.zeros(k, datamodule.batch_size, dtype=torch.long, device=sample.device)
 
                 def loss(p: dict[str, Tensor], b: dict[str, Tensor], xi: Tensor, yi: Tensor) -> Tensor:
-                    return torch.nn.functional.cross_entropy(functional_call(module, {**p, **b}, (xi,)), yi)
+                    with lowered_convolutions(conv):
+                        logits = functional_call(module, {**p, **b}, (xi,))
+                    return torch.nn.functional.cross_entropy(logits, yi)
 
                 total = vmap(loss, randomness="error")(params, buffers, x, y).sum()
                 # allow_unused: a method's own modules (MOON's projection head) are not in the network's forward

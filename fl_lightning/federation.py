@@ -34,6 +34,7 @@ from fl_lightning.core.run_lock import RunDirClaim
 from fl_lightning.core.rundir import check_checkpoint_file
 from fl_lightning.core.server import FederatedServer, server_optimizer_of, upgrade_state
 from fl_lightning.core.server_optim import ServerOptimizer
+from fl_lightning.core.stacked_conv import STACKED_CONVS
 from fl_lightning.core.step_capture import CAPTURE_MODES
 from fl_lightning.data import FederatedDataModule
 from fl_lightning.engines import ENGINES, choose_executor
@@ -90,6 +91,10 @@ class Federation(Callback, FederatedServer):
             group is the most clients that fit, estimated at fit start and re-fitted to the peak measured in the
             first round (``None``: 90 % of the GPU's free memory at fit start). The peak per stacked client is in
             the run's output and ``summary.json`` (``gpu_memory_per_client_mib``).
+        stacked_conv: how the batched engine computes its stacked clients' 2-d convolutions
+            (:mod:`fl_lightning.core.stacked_conv`): ``grouped`` (``vmap``'s grouped convolution), ``matmul`` (im2col
+            and one batched matmul; more memory) or ``loop`` (one convolution per client; for ``step_capture`` graph,
+            static or off). The same convolution up to float rounding.
         collapse_rounds: stop a run as ``diverged`` once its global model has been right on at most one class (it
             predicts one class for everything: chance accuracy, the papers' "Failed") in this many evaluated rounds
             in a row; the divergence round is the first of them (``None``: never; never for a one-class test set).
@@ -116,6 +121,7 @@ class Federation(Callback, FederatedServer):
         group_size: int | None = None,
         step_capture: str = "auto",
         memory_budget_gb: float | None = None,
+        stacked_conv: str = "grouped",
     ) -> None:
         opt = server_optimizer_of(server_optimizer, server_lr, server_momentum)
         FederatedServer.__init__(
@@ -132,7 +138,17 @@ class Federation(Callback, FederatedServer):
             memory_budget_gb is None or memory_budget_gb > 0,
             f"memory_budget_gb must be above 0 (or None), got {memory_budget_gb}",
         )
+        _require(
+            stacked_conv in STACKED_CONVS,
+            f"stacked_conv must be one of {', '.join(STACKED_CONVS)}, got {stacked_conv!r}",
+        )
+        _require(
+            not (stacked_conv == "loop" and step_capture == "compile"),
+            "stacked_conv=loop cannot be compiled (torch.compile does not trace its per-client convolutions); "
+            "use step_capture=graph, or stacked_conv=matmul with step_capture=compile",
+        )
         self.step_capture, self.memory_budget_gb = step_capture, memory_budget_gb
+        self.stacked_conv = stacked_conv
         self._budget: float | None = None  # bytes the group is fitted to, when the callback chooses the group size
         self.plots, self.eval_local, self.collapse_rounds = plots, eval_local, collapse_rounds
         self.engine, self.group_size = engine, group_size
@@ -230,11 +246,13 @@ class Federation(Callback, FederatedServer):
             on_capture_note=rank_zero_warn,
             clients_per_round=per_round,
             memory_budget_gb=self.memory_budget_gb,
+            stacked_conv=self.stacked_conv,
         )
         self._budget = choice.memory_budget
         self.executor, self.engine_used, self.client_group = choice.executor, choice.engine, choice.group_size
         self.recorder.info["engine"] = choice.engine
         self.recorder.info["step_capture"] = choice.step_capture
+        self.recorder.info["stacked_conv"] = self.stacked_conv if choice.engine == "batched" else None
         self._engine_note = choice.note  # said when training starts
         if choice.warning is not None:
             rank_zero_warn(choice.warning)

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
 from fl_lightning.core.augment import BatchTransform
+from fl_lightning.core.stacked_conv import lowered_convolutions
 from fl_lightning.core.stacked_sgd import SGDSettings, clip_per_client, sgd_step
 from fl_lightning.core.stacking import (
     ClientRNG,
@@ -77,7 +78,7 @@ class _ClientLoss(nn.Module):
 
 
 def _local_loss(
-    module: FedAvg, wrapper: _ClientLoss, template: Mapping[str, Any]
+    module: FedAvg, wrapper: _ClientLoss, template: Mapping[str, Any], conv: str = "grouped"
 ) -> Callable[[dict[str, Tensor], dict[str, Tensor], list[Tensor], Tensor, Tensor], Tensor]:
     # Untying shared weights walks every module on every call; only a network that shares a parameter needs it.
     tied = len(list(module.named_parameters(remove_duplicate=False))) != len(list(module.named_parameters()))
@@ -86,7 +87,7 @@ def _local_loss(
         params: dict[str, Tensor], buffers: dict[str, Tensor], attrs: list[Tensor], x: Tensor, y: Tensor
     ) -> Tensor:
         state = {f"m.{k}": v for k, v in params.items()} | {f"m.{k}": v for k, v in buffers.items()}
-        with bound_attributes(module, bind_leaves(template, attrs)):
+        with bound_attributes(module, bind_leaves(template, attrs)), lowered_convolutions(conv):
             return functional_call(wrapper, state, (x, y), tie_weights=tied)
 
     return loss
@@ -148,6 +149,7 @@ def train_stacked(
     pad: bool | None = None,
     augment: BatchTransform | None = None,
     capture: StepCache | None = None,
+    conv: str = "grouped",
 ) -> StackedResult:
     """Train ``clients`` together from the module's current weights; the module itself is left unchanged.
 
@@ -164,13 +166,14 @@ def train_stacked(
     all of them their short last one) as one built step (:mod:`~fl_lightning.core.step_capture`: a replayed CUDA
     graph, a compiled or a plain function of static tensors, kept in the cache across rounds), the round's batches
     read ahead (:data:`GATHER_AHEAD_BYTES`); the other steps run as described above, on the same tensors.
+    ``conv``: how the stacked 2-d convolutions are computed (:data:`~fl_lightning.core.stacked_conv.STACKED_CONVS`).
     """
     k = len(clients)
     template, attr_stack = stack_attributes([c.attributes for c in clients])
     params, buffers = stacked_state(module, k)
     names = list(params)
     wrapper = _ClientLoss(module)
-    plain_loss = _local_loss(module, wrapper, template)
+    plain_loss = _local_loss(module, wrapper, template, conv)
     loss_fn = vmap(plain_loss, randomness="error")
     device = next(iter(params.values())).device if params else torch.device("cpu")
     # Padding runs the loss under a second, per-sample vmap. Under CUDA autocast that nesting hands a convolution a
@@ -222,6 +225,7 @@ def train_stacked(
                     sgd,
                     clip_grad_norm,
                     device,
+                    conv,
                 )
                 capturing = runner is not None
                 if runner is not None:  # from now on the step's static tensors are the clients' state
@@ -377,6 +381,7 @@ def _built_step(
     sgd: SGDSettings,
     clip_grad_norm: float | None,
     device: torch.device,
+    conv: str = "grouped",
 ) -> CapturedStep | None:
     """The cache's step for this stack and batch shape, built (tried once on copies of the state) if need be.
 
@@ -399,6 +404,7 @@ def _built_step(
         gradient_fn is not None,
         module.training,
         str(device),
+        conv,
     )
 
     def build() -> CapturedStep:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+from torch import Tensor
 
 from fl_lightning import FedAvg, FederatedDataModule, Federation
 
@@ -87,3 +88,16 @@ def read_metrics(run_dir: Path) -> list[dict[str, str]]:
 
 def read_summary(run_dir: Path) -> dict[str, Any]:
     return json.loads((run_dir / "summary.json").read_text())
+
+
+def float64(method: type[FedAvg]) -> type[FedAvg]:
+    """``method`` on a float64 network: inputs are cast in its loss and forward (call ``.double()`` on the model)."""
+
+    class Float64(method):  # type: ignore[valid-type, misc]
+        def client_loss(self, x: Tensor, y: Tensor) -> Tensor:
+            return super().client_loss(x.double(), y)
+
+        def forward(self, x: Tensor) -> Tensor:
+            return super().forward(x.double())
+
+    return Float64

@@ -23,7 +23,7 @@ import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import bare_trainer, read_metrics, read_summary, tiny_run
+from helpers import bare_trainer, float64, read_metrics, read_summary, tiny_run
 from torch import Tensor, nn
 
 import fl_lightning.batched as batched_engine
@@ -165,19 +165,6 @@ def test_every_method_matches_sequential(tmp_path: Path, name: str) -> None:
 
 
 # ---- 2. BatchNorm ------------------------------------------------------------------------------------------------
-
-
-def float64(method: type[FedAvg]) -> type[FedAvg]:
-    """``method`` on a float64 network: inputs are cast in its loss and forward (call ``.double()`` on the model)."""
-
-    class Float64(method):  # type: ignore[valid-type, misc]
-        def client_loss(self, x: Tensor, y: Tensor) -> Tensor:
-            return super().client_loss(x.double(), y)
-
-        def forward(self, x: Tensor) -> Tensor:
-            return super().forward(x.double())
-
-    return Float64
 
 
 @pytest.mark.parametrize("name", ["fedavg", "fedntd"])

@@ -151,3 +151,18 @@ def test_nodes_must_name_their_run_directory(
     said = capsys.readouterr().err.strip().splitlines()
     assert said[-1].startswith("error: ") and "name its directory with --trainer.default_root_dir" in said[-1], said
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_finished_process_ends_its_process_group() -> None:
+    """What the command does after a fit (``fl_lightning.cli.run``): the gloo group is destroyed before exit, not
+    left to the interpreter's shutdown, which can abort a process that finished its run."""
+    import torch.distributed as dist
+
+    from fl_lightning.core.distributed import end_process_group
+
+    if not dist.is_available() or dist.is_initialized():
+        pytest.skip("needs torch.distributed and no process group in this process")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    end_process_group()
+    assert not dist.is_initialized()
+    end_process_group()  # nothing to end: nothing happens

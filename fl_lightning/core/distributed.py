@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -17,6 +18,23 @@ from torch import Tensor
 def is_distributed() -> bool:
     """Whether a process group with more than one process is running."""
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def end_process_group(wait_s: float = 60.0) -> None:
+    """After a finished fit: wait (at most ``wait_s`` seconds) for every process to get here, then destroy the group.
+
+    Lightning destroys only an NCCL group at exit; a gloo group (CPU processes) left to the interpreter's shutdown
+    can abort a process that has finished its run (``terminate called without an active exception``). A process
+    that does not arrive in time is not waited for longer: the group is destroyed all the same.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if dist.get_world_size() > 1:
+        try:
+            dist.barrier(async_op=True).wait(timeout=timedelta(seconds=wait_s))
+        except RuntimeError:
+            pass  # a process that failed or left: nothing more to wait for
+    dist.destroy_process_group()
 
 
 def rank_and_world() -> tuple[int, int]:

@@ -1,0 +1,225 @@
+"""How the batched engine computes its stacked clients' 2-d convolutions: three lowerings of one convolution.
+
+Under :func:`torch.func.vmap` a convolution whose input and weight both carry the client axis becomes one grouped
+convolution (``groups = K``, PyTorch's batching rule). cuDNN's grouped kernels can be far slower than the same
+arithmetic done otherwise (functorch#365, pytorch#70954), so the engine can compute it one of three ways
+(``Federation(stacked_conv=...)``), all the same convolution up to float rounding:
+
+- ``grouped``: ``vmap``'s rule as it is (the default);
+- ``matmul``: im2col and a matrix product (:func:`conv2d_matmul`): under ``vmap`` one batched matmul over the
+  clients, and a batched matmul and ``fold`` backward. The unfolded input (C·kh·kw values an output pixel) is kept for
+  the backward, several times the activations' memory;
+- ``loop``: one ordinary convolution per client, forward and backward (:func:`conv2d_loop`): the sequential engine's
+  kernels. Each is launched on its own, so it pays only where launches are free (a step replayed as a CUDA graph);
+  ``torch.compile`` cannot trace it.
+
+:func:`lowered_convolutions` is the context in which ``torch.nn.functional.conv2d`` (what ``nn.Conv2d`` calls) runs
+lowered; other convolutions (1-d, 3-d, transposed) run as they are.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.overrides import TorchFunctionMode
+
+#: ``Federation(stacked_conv=...)``: how a stacked step computes its 2-d convolutions.
+STACKED_CONVS = ("grouped", "matmul", "loop")
+
+_Pair = int | Sequence[int]
+
+
+def _pair(value: _Pair) -> list[int]:
+    return [int(value), int(value)] if isinstance(value, int) else [int(v) for v in value]
+
+
+def _explicit_padding(x: Tensor, weight: Tensor, padding: _Pair | str, dilation: list[int]) -> tuple[Tensor, list[int]]:
+    """``x`` and the padding as two ints: ``"same"`` and ``"valid"`` resolved, an uneven ``"same"`` padded here."""
+    if not isinstance(padding, str):
+        return x, _pair(padding)
+    if padding == "valid":
+        return x, [0, 0]
+    if padding != "same":
+        raise ValueError(f"conv2d padding must be 'same', 'valid' or ints, got {padding!r}")
+    total = [d * (k - 1) for d, k in zip(dilation, weight.shape[-2:], strict=True)]
+    if all(t % 2 == 0 for t in total):
+        return x, [t // 2 for t in total]
+    (th, tw) = total  # uneven: the extra row and column go after, as F.conv2d(padding="same") puts them
+    return F.pad(x, (tw // 2, tw - tw // 2, th // 2, th - th // 2)), [0, 0]
+
+
+def conv2d_matmul(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride: _Pair = 1,
+    padding: _Pair | str = 0,
+    dilation: _Pair = 1,
+    groups: int = 1,
+) -> Tensor:
+    """``F.conv2d`` as im2col and one matrix product a group: ``y[n, :, p] = W_g · unfold(x)[n, :, p] + b``.
+
+    Takes and returns what :func:`torch.nn.functional.conv2d` does (a batched ``[N, C, H, W]`` or unbatched
+    ``[C, H, W]`` input). Under ``vmap`` over inputs and weights its matrix product is one batched matmul.
+    """
+    unbatched = x.dim() == 3
+    if unbatched:
+        x = x.unsqueeze(0)
+    s, d = _pair(stride), _pair(dilation)
+    x, p = _explicit_padding(x, weight, padding, d)
+    n, c, h, w = x.shape
+    out_channels, _, kh, kw = weight.shape
+    ho = (h + 2 * p[0] - d[0] * (kh - 1) - 1) // s[0] + 1
+    wo = (w + 2 * p[1] - d[1] * (kw - 1) - 1) // s[1] + 1
+    cols = F.unfold(
+        x, (kh, kw), dilation=tuple(d), padding=tuple(p), stride=tuple(s)
+    )  # [N, C·kh·kw, Ho·Wo], channel-major
+    cols = cols.view(n, groups, -1, ho * wo).permute(1, 2, 0, 3).reshape(groups, -1, n * ho * wo)
+    y = torch.matmul(weight.reshape(groups, out_channels // groups, -1), cols)  # [G, O/G, N·Ho·Wo]
+    y = y.reshape(out_channels, n, ho, wo).transpose(0, 1)
+    if bias is not None:
+        y = y + bias.view(1, -1, 1, 1)
+    return y.squeeze(0) if unbatched else y
+
+
+def _moved(t: Tensor, dim: int | None) -> Tensor:
+    return t if dim is None or dim == 0 else t.movedim(dim, 0)
+
+
+def _pick(t: Tensor | None, dim: int | None, k: int) -> Tensor | None:
+    return t if t is None or dim is None else t[k]
+
+
+class _ConvGrad(torch.autograd.Function):
+    """``(∂x, ∂w, ∂b)`` of a 2-d convolution given ``∂y``: one ``convolution_backward`` (first order only)."""
+
+    @staticmethod
+    def forward(
+        g: Tensor, x: Tensor, w: Tensor, has_bias: bool, stride: list[int], padding: list[int], dilation: list[int],
+        groups: int,
+    ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+        gx, gw, gb = torch.ops.aten.convolution_backward(
+            g, x, w, [w.shape[0]] if has_bias else None, stride, padding, dilation, False, [0, 0], groups,
+            [True, True, has_bias],
+        )  # fmt: skip
+        return gx, gw, gb if has_bias else g.new_zeros(())
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        pass
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Tensor) -> Any:
+        raise RuntimeError(
+            "stacked_conv=loop computes first derivatives only: a loss that differentiates a convolution's gradient "
+            "again needs stacked_conv=grouped or matmul"
+        )
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple[int | None, ...], g: Tensor, x: Tensor, w: Tensor, *conf: Any) -> Any:
+        gd, xd, wd = in_dims[:3]
+        g, x, w = _moved(g, gd), _moved(x, xd), _moved(w, wd)
+        parts = [
+            _ConvGrad.apply(_pick(g, gd, k), _pick(x, xd, k), _pick(w, wd, k), *conf) for k in range(info.batch_size)
+        ]
+        return tuple(torch.stack(t) for t in zip(*parts, strict=True)), (0, 0, 0)
+
+
+class _LoopedConv(torch.autograd.Function):
+    """A 2-d convolution whose ``vmap`` over weights runs one convolution per weight, forward and backward."""
+
+    @staticmethod
+    def forward(
+        x: Tensor, w: Tensor, b: Tensor | None, stride: list[int], padding: list[int], dilation: list[int], groups: int
+    ) -> Tensor:
+        return F.conv2d(x, w, b, stride, padding, dilation, groups)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        x, w, b, stride, padding, dilation, groups = inputs
+        ctx.save_for_backward(x, w)
+        ctx.conf = (b is not None, stride, padding, dilation, groups)
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> Any:
+        x, w = ctx.saved_tensors
+        gx, gw, gb = _ConvGrad.apply(g, x, w, *ctx.conf)
+        return gx, gw, gb if ctx.conf[0] else None, None, None, None, None
+
+    @staticmethod
+    def vmap(
+        info: Any, in_dims: tuple[int | None, ...], x: Tensor, w: Tensor, b: Tensor | None, *conf: Any
+    ) -> tuple[Tensor, int]:
+        xd, wd, bd = in_dims[:3]
+        x, w = _moved(x, xd), _moved(w, wd)
+        b = None if b is None else _moved(b, bd)
+        if xd is not None and wd is None and bd is None:  # shared weights: the axis joins the batch, one convolution
+            return _LoopedConv.apply(x.flatten(0, 1), w, b, *conf).unflatten(0, (info.batch_size, -1)), 0
+        parts = [
+            _LoopedConv.apply(_pick(x, xd, k), _pick(w, wd, k), _pick(b, bd, k), *conf) for k in range(info.batch_size)
+        ]
+        return torch.stack(parts), 0
+
+
+def conv2d_loop(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride: _Pair = 1,
+    padding: _Pair | str = 0,
+    dilation: _Pair = 1,
+    groups: int = 1,
+) -> Tensor:
+    """``F.conv2d`` whose ``vmap`` over weights is one ordinary convolution per client, forward and backward."""
+    if x.dim() == 3:  # unbatched: the backward's convolution takes batched inputs only
+        return conv2d_loop(x.unsqueeze(0), weight, bias, stride, padding, dilation, groups).squeeze(0)
+    d = _pair(dilation)
+    x, p = _explicit_padding(x, weight, padding, d)
+    return _LoopedConv.apply(x, weight, bias, _pair(stride), p, d, groups)
+
+
+_LOWERED: dict[str, Callable[..., Tensor]] = {"matmul": conv2d_matmul, "loop": conv2d_loop}
+
+
+class _LoweredConvolutions(TorchFunctionMode):
+    def __init__(self, conv: Callable[..., Tensor]) -> None:
+        super().__init__()
+        self.conv = conv
+
+    def __torch_function__(
+        self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        if func is not F.conv2d:
+            return func(*args, **kwargs)
+        x, weight, *rest = args
+        device = x.device.type
+        if torch.is_autocast_enabled(device) and x.is_floating_point():  # as autocast casts a convolution's inputs
+            dtype = torch.get_autocast_dtype(device)
+            x, weight = x.to(dtype), weight.to(dtype)
+            if rest and isinstance(rest[0], Tensor):
+                rest[0] = rest[0].to(dtype)
+            elif isinstance(kwargs.get("bias"), Tensor):
+                kwargs["bias"] = kwargs["bias"].to(dtype)
+        return self.conv(x, weight, *rest, **kwargs)
+
+
+@contextlib.contextmanager
+def lowered_convolutions(kind: str) -> Iterator[None]:
+    """Within the context, ``F.conv2d`` runs as the :data:`STACKED_CONVS` lowering ``kind`` (``grouped``: as it is).
+
+    Raises:
+        ValueError: an unknown ``kind``.
+    """
+    if kind not in STACKED_CONVS:
+        raise ValueError(f"stacked_conv must be one of {', '.join(STACKED_CONVS)}, got {kind!r}")
+    if kind == "grouped":
+        yield
+        return
+    with _LoweredConvolutions(_LOWERED[kind]):
+        yield
