@@ -93,8 +93,8 @@ class Federation(Callback, FederatedServer):
             the run's output and ``summary.json`` (``gpu_memory_per_client_mib``).
         stacked_conv: how the batched engine computes its stacked clients' 2-d convolutions
             (:mod:`fl_lightning.core.stacked_conv`): ``grouped`` (``vmap``'s grouped convolution), ``matmul`` (im2col
-            and one batched matmul; more memory) or ``loop`` (one convolution per client; for ``step_capture`` graph,
-            static or off). The same convolution up to float rounding.
+            and one batched matmul; more memory) or ``loop`` (one convolution per client, for a step recorded as a CUDA
+            graph). The same convolution up to float rounding.
         collapse_rounds: stop a run as ``diverged`` once its global model has been right on at most one class (it
             predicts one class for everything: chance accuracy, the papers' "Failed") in this many evaluated rounds
             in a row; the divergence round is the first of them (``None``: never; never for a one-class test set).
@@ -141,11 +141,6 @@ class Federation(Callback, FederatedServer):
         _require(
             stacked_conv in STACKED_CONVS,
             f"stacked_conv must be one of {', '.join(STACKED_CONVS)}, got {stacked_conv!r}",
-        )
-        _require(
-            not (stacked_conv == "loop" and step_capture == "compile"),
-            "stacked_conv=loop cannot be compiled (torch.compile does not trace its per-client convolutions); "
-            "use step_capture=graph, or stacked_conv=matmul with step_capture=compile",
         )
         self.step_capture, self.memory_budget_gb = step_capture, memory_budget_gb
         self.stacked_conv = stacked_conv

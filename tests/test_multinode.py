@@ -153,16 +153,42 @@ def test_nodes_must_name_their_run_directory(
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_finished_process_ends_its_process_group() -> None:
-    """What the command does after a fit (``fl_lightning.cli.run``): the gloo group is destroyed before exit, not
-    left to the interpreter's shutdown, which can abort a process that finished its run."""
-    import torch.distributed as dist
+_END_GROUP = """
+import sys, time
+import torch.distributed as dist
+from fl_lightning.core.distributed import end_process_group
+rank, port, late = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+if rank == 1:
+    time.sleep(late)
+start = time.monotonic()
+ended = end_process_group(wait_s=2.0)
+print(f"ended={ended} initialized={dist.is_initialized()} after={time.monotonic() - start:.1f}", flush=True)
+"""
 
-    from fl_lightning.core.distributed import end_process_group
 
-    if not dist.is_available() or dist.is_initialized():
-        pytest.skip("needs torch.distributed and no process group in this process")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    end_process_group()
-    assert not dist.is_initialized()
-    end_process_group()  # nothing to end: nothing happens
+@pytest.mark.parametrize("late", [0.0, 6.0], ids=["together", "one-late"])
+def test_a_finished_process_ends_its_process_group(late: float) -> None:
+    """What the command does after a fit (``fl_lightning.cli.run``): the gloo group is destroyed before exit once
+    both processes got there, not left to the interpreter's shutdown, which can abort a process that finished its
+    run; a process that does not come in time is not waited for, and its group is left as it is."""
+    port = str(_free_port())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _END_GROUP, str(rank), port, str(late)],
+            cwd=ROOT,
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )  # fmt: skip
+        for rank in (0, 1)
+    ]
+    outs = [p.communicate(timeout=60)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    said = [out.strip().splitlines()[-1] for out in outs]
+    if late == 0.0:
+        assert all(line.startswith("ended=True initialized=False") for line in said), said
+    else:  # rank 0 gives up after its 2 s and leaves the group; rank 1 then finds no one to end it with
+        assert said[0].startswith("ended=False initialized=True"), said
+        assert float(said[0].rsplit("=", 1)[1]) < 5.0, said

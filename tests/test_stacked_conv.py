@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from helpers import bare_trainer, float64, tiny_run
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from fl_lightning import FederatedDataModule, Federation
 from fl_lightning.core.models import build_model
@@ -49,6 +50,7 @@ def _grads(conv: Callable[..., Tensor], x: Tensor, w: Tensor, b: Tensor | None, 
     return [y, *torch.autograd.grad((y * r).sum(), leaves)]
 
 
+@pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel lengths")  # F.conv2d's own, for case 5
 @pytest.mark.parametrize("lowering", sorted(LOWERED))
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
 @pytest.mark.parametrize("case", range(len(CASES)))
@@ -166,18 +168,60 @@ def test_the_loop_refuses_a_second_derivative_with_what_to_use() -> None:
         grad(lambda w: grad(lambda w: _loss(conv2d_loop, w, b[0], x[0], r[0]))(w).sum())(w[0])
 
 
-def test_the_matmul_lowering_traces_as_one_graph() -> None:
+@pytest.mark.parametrize("lowering", sorted(LOWERED))
+def test_lowerings_trace_as_one_graph_as_the_engine_takes_the_gradient(lowering: str) -> None:
+    """The engine's step takes the gradient of the ``vmap``-ped loss (``step_capture=compile`` compiles that)."""
     torch._dynamo.reset()
     x, w, b, r = _stacked(dtype=torch.float32)
 
     def step(w: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
-        with lowered_convolutions("matmul"):
-            return vmap(grad(functools.partial(_loss, F.conv2d), argnums=(0, 1)))(w, b, x, r)
+        with lowered_convolutions(lowering):
+            return grad(lambda w, b: vmap(functools.partial(_loss, F.conv2d))(w, b, x, r).sum(), (0, 1))(w, b)
 
     expected = step(w, b)
     got = torch.compile(step, fullgraph=True, backend="eager")(w, b)
     for g, e in zip(got, expected, strict=True):
         torch.testing.assert_close(g, e)
+
+
+class _BackwardMasks(TorchDispatchMode):
+    """The output masks of every ``convolution_backward`` dispatched."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.masks: list[tuple[bool, ...]] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is torch.ops.aten.convolution_backward.default:
+            self.masks.append(tuple(args[-1]))
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_loop_skips_the_gradient_of_an_input_that_needs_none() -> None:
+    """A network's first convolution takes the images, which need no gradient: as ``grouped`` does, ``loop`` does not
+    compute one (K transposed convolutions saved)."""
+    x, w, b, r = _stacked(k=2)
+    with _BackwardMasks() as seen:
+        grad(lambda w, b: vmap(functools.partial(_loss, conv2d_loop))(w, b, x, r).sum(), (0, 1))(w, b)
+    assert seen.masks == [(False, True, True)] * 2
+    with _BackwardMasks() as seen:
+        grad(lambda x: vmap(functools.partial(_loss, conv2d_loop, w[0], None))(x, r).sum())(x)
+    assert seen.masks == [(True, False, False)]  # shared weights: one convolution for every client
+
+
+@pytest.mark.parametrize("lowering", sorted(LOWERED))
+def test_lowerings_take_conv2d_calls_as_conv2d_takes_them(lowering: str) -> None:
+    x, w, b, _ = _stacked(k=1)
+    x, w, b = x[0], w[0], b[0]
+    with lowered_convolutions(lowering):
+        by_name = F.conv2d(input=x, weight=w, bias=b, padding=1)
+        mixed = F.conv2d(x, weight=w, padding=(1,), stride=(1,))  # one-element sequences stand for both sides
+        with pytest.raises(ValueError, match="padding='same' is not supported for strided convolutions"):
+            F.conv2d(x, w, padding="same", stride=2)
+    torch.testing.assert_close(by_name, F.conv2d(x, w, b, padding=1), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(mixed, F.conv2d(x, w, padding=1), rtol=1e-10, atol=1e-10)
+    with torch.autocast("cpu", dtype=torch.bfloat16), lowered_convolutions(lowering):
+        assert F.conv2d(x, w, b, padding=1).dtype == torch.float64  # autocast leaves float64 as it is
 
 
 # ---- in a federation ---------------------------------------------------------------------------------------------
@@ -226,12 +270,28 @@ def test_a_batchnorm_network_lowered_with_a_static_step(tmp_path: Path) -> None:
             torch.testing.assert_close(runs[conv][key], value, rtol=0, atol=1e-10)
 
 
-def test_bad_stacked_conv_settings_say_what_to_change() -> None:
+def test_a_bad_stacked_conv_says_what_to_choose() -> None:
     with pytest.raises(ValueError, match="stacked_conv must be one of grouped, matmul, loop, got 'fft'"):
         Federation(stacked_conv="fft")
-    with pytest.raises(ValueError, match="stacked_conv=loop cannot be compiled .* use step_capture=graph"):
-        Federation(stacked_conv="loop", step_capture="compile")
     assert set(STACKED_CONVS) == {"grouped", *LOWERED}
+
+
+@pytest.mark.parametrize("conv", ["matmul", "loop"])
+def test_a_lowered_step_compiles_whole_in_a_federation(
+    tmp_path: Path, conv: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``step_capture=compile`` with each lowering: no graph break, no note, the ``grouped`` round's numbers."""
+    import fl_lightning.engines as engines
+    from fl_lightning.core.step_capture import StepCache
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(engines, "StepCache", functools.partial(StepCache, compile_backend="eager"))
+    compiled, compiled_model = _round(tmp_path, "fedntd", conv, step_capture="compile")
+    cache = getattr(compiled.executor, "capture", None)
+    assert isinstance(cache, StepCache) and cache.notes == [] and all(step.mode == "compile" for step in cache)
+    _, grouped_model = _round(tmp_path / "grouped", "fedntd", "grouped")
+    for key, value in grouped_model.state_dict().items():
+        torch.testing.assert_close(compiled_model.state_dict()[key], value, rtol=0, atol=1e-5)
 
 
 # ---- GPU -----------------------------------------------------------------------------------------------------------

@@ -20,21 +20,23 @@ def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-def end_process_group(wait_s: float = 60.0) -> None:
-    """After a finished fit: wait (at most ``wait_s`` seconds) for every process to get here, then destroy the group.
+def end_process_group(wait_s: float = 60.0) -> bool:
+    """After a finished fit, destroy a gloo process group once every process has got here; whether it was destroyed.
 
     Lightning destroys only an NCCL group at exit; a gloo group (CPU processes) left to the interpreter's shutdown
-    can abort a process that has finished its run (``terminate called without an active exception``). A process
-    that does not arrive in time is not waited for longer: the group is destroyed all the same.
+    can abort a process that has finished its run (``terminate called without an active exception``). The processes
+    wait for each other at most ``wait_s`` seconds: destroying the group while another process is still in one of its
+    collectives would block until that process leaves, so then (or on any error) the group is left as it is.
     """
-    if not (dist.is_available() and dist.is_initialized()):
-        return
-    if dist.get_world_size() > 1:
-        try:
+    try:
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_backend() != "gloo":
+            return False
+        if dist.get_world_size() > 1:
             dist.barrier(async_op=True).wait(timeout=timedelta(seconds=wait_s))
-        except RuntimeError:
-            pass  # a process that failed or left: nothing more to wait for
-    dist.destroy_process_group()
+        dist.destroy_process_group()
+        return True
+    except Exception:  # noqa: BLE001 - a process that failed or left: its end is not this process's to decide
+        return False
 
 
 def rank_and_world() -> tuple[int, int]:

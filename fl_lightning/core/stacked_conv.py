@@ -10,8 +10,9 @@ arithmetic done otherwise (functorch#365, pytorch#70954), so the engine can comp
   clients, and a batched matmul and ``fold`` backward. The unfolded input (C·kh·kw values an output pixel) is kept for
   the backward, several times the activations' memory;
 - ``loop``: one ordinary convolution per client, forward and backward (:func:`conv2d_loop`): the sequential engine's
-  kernels. Each is launched on its own, so it pays only where launches are free (a step replayed as a CUDA graph);
-  ``torch.compile`` cannot trace it.
+  kernels. Each is launched on its own, so it pays only where launches are free (a step replayed as a CUDA graph).
+  It computes first derivatives only, and traces whole under ``torch.compile`` where the gradient is taken of the
+  ``vmap``-ped loss (as the engine's step takes it), not where ``vmap`` runs over a gradient.
 
 :func:`lowered_convolutions` is the context in which ``torch.nn.functional.conv2d`` (what ``nn.Conv2d`` calls) runs
 lowered; other convolutions (1-d, 3-d, transposed) run as they are.
@@ -35,10 +36,14 @@ _Pair = int | Sequence[int]
 
 
 def _pair(value: _Pair) -> list[int]:
-    return [int(value), int(value)] if isinstance(value, int) else [int(v) for v in value]
+    """Two ints, as ``F.conv2d`` reads an int or a one- or two-element sequence."""
+    values = [int(value)] if isinstance(value, int) else [int(v) for v in value]
+    return values * 2 if len(values) == 1 else values
 
 
-def _explicit_padding(x: Tensor, weight: Tensor, padding: _Pair | str, dilation: list[int]) -> tuple[Tensor, list[int]]:
+def _explicit_padding(
+    x: Tensor, weight: Tensor, padding: _Pair | str, dilation: list[int], stride: list[int]
+) -> tuple[Tensor, list[int]]:
     """``x`` and the padding as two ints: ``"same"`` and ``"valid"`` resolved, an uneven ``"same"`` padded here."""
     if not isinstance(padding, str):
         return x, _pair(padding)
@@ -46,6 +51,8 @@ def _explicit_padding(x: Tensor, weight: Tensor, padding: _Pair | str, dilation:
         return x, [0, 0]
     if padding != "same":
         raise ValueError(f"conv2d padding must be 'same', 'valid' or ints, got {padding!r}")
+    if any(s != 1 for s in stride):
+        raise ValueError("padding='same' is not supported for strided convolutions")  # F.conv2d's refusal
     total = [d * (k - 1) for d, k in zip(dilation, weight.shape[-2:], strict=True)]
     if all(t % 2 == 0 for t in total):
         return x, [t // 2 for t in total]
@@ -71,7 +78,7 @@ def conv2d_matmul(
     if unbatched:
         x = x.unsqueeze(0)
     s, d = _pair(stride), _pair(dilation)
-    x, p = _explicit_padding(x, weight, padding, d)
+    x, p = _explicit_padding(x, weight, padding, d, s)
     n, c, h, w = x.shape
     out_channels, _, kh, kw = weight.shape
     ho = (h + 2 * p[0] - d[0] * (kh - 1) - 1) // s[0] + 1
@@ -96,18 +103,22 @@ def _pick(t: Tensor | None, dim: int | None, k: int) -> Tensor | None:
 
 
 class _ConvGrad(torch.autograd.Function):
-    """``(∂x, ∂w, ∂b)`` of a 2-d convolution given ``∂y``: one ``convolution_backward`` (first order only)."""
+    """``(∂x, ∂w, ∂b)`` of a 2-d convolution given ``∂y``: one ``convolution_backward`` (first order only).
+
+    ``wanted``: which of the three are needed; the others are not computed (returned as 0-d zeros).
+    """
 
     @staticmethod
     def forward(
-        g: Tensor, x: Tensor, w: Tensor, has_bias: bool, stride: list[int], padding: list[int], dilation: list[int],
-        groups: int,
+        g: Tensor, x: Tensor, w: Tensor, wanted: tuple[bool, bool, bool], stride: list[int], padding: list[int],
+        dilation: list[int], groups: int,
     ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
-        gx, gw, gb = torch.ops.aten.convolution_backward(
-            g, x, w, [w.shape[0]] if has_bias else None, stride, padding, dilation, False, [0, 0], groups,
-            [True, True, has_bias],
+        grads = torch.ops.aten.convolution_backward(
+            g, x, w, [w.shape[0]] if wanted[2] else None, stride, padding, dilation, False, [0, 0], groups,
+            list(wanted),
         )  # fmt: skip
-        return gx, gw, gb if has_bias else g.new_zeros(())
+        gx, gw, gb = (t if t is not None else g.new_zeros(()) for t in grads)
+        return gx, gw, gb
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
@@ -143,13 +154,14 @@ class _LoopedConv(torch.autograd.Function):
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         x, w, b, stride, padding, dilation, groups = inputs
         ctx.save_for_backward(x, w)
-        ctx.conf = (b is not None, stride, padding, dilation, groups)
+        ctx.conf = (stride, padding, dilation, groups)
 
     @staticmethod
     def backward(ctx: Any, g: Tensor) -> Any:
         x, w = ctx.saved_tensors
-        gx, gw, gb = _ConvGrad.apply(g, x, w, *ctx.conf)
-        return gx, gw, gb if ctx.conf[0] else None, None, None, None, None
+        wanted = tuple(bool(n) for n in ctx.needs_input_grad[:3])  # an input (the images) needs no gradient
+        gx, gw, gb = _ConvGrad.apply(g, x, w, wanted, *ctx.conf)
+        return (*(t if want else None for t, want in zip((gx, gw, gb), wanted, strict=True)), None, None, None, None)
 
     @staticmethod
     def vmap(
@@ -178,12 +190,22 @@ def conv2d_loop(
     """``F.conv2d`` whose ``vmap`` over weights is one ordinary convolution per client, forward and backward."""
     if x.dim() == 3:  # unbatched: the backward's convolution takes batched inputs only
         return conv2d_loop(x.unsqueeze(0), weight, bias, stride, padding, dilation, groups).squeeze(0)
-    d = _pair(dilation)
-    x, p = _explicit_padding(x, weight, padding, d)
-    return _LoopedConv.apply(x, weight, bias, _pair(stride), p, d, groups)
+    s, d = _pair(stride), _pair(dilation)
+    x, p = _explicit_padding(x, weight, padding, d, s)
+    return _LoopedConv.apply(x, weight, bias, s, p, d, groups)
 
 
 _LOWERED: dict[str, Callable[..., Tensor]] = {"matmul": conv2d_matmul, "loop": conv2d_loop}
+#: The dtypes autocast casts a convolution's inputs from (a float64 one it leaves as it is).
+_AUTOCAST_FROM = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _conv_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Tensor, Tensor, Tensor | None, list[Any]]:
+    """``F.conv2d``'s input, weight and bias however they were passed, and its further positional arguments."""
+    rest = list(args)
+    named = [kwargs.pop(name) if name in kwargs else rest.pop(0) for name in ("input", "weight")]
+    bias = kwargs.pop("bias") if "bias" in kwargs else (rest.pop(0) if rest else None)
+    return named[0], named[1], bias, rest
 
 
 class _LoweredConvolutions(TorchFunctionMode):
@@ -194,19 +216,16 @@ class _LoweredConvolutions(TorchFunctionMode):
     def __torch_function__(
         self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
-        kwargs = kwargs or {}
+        kwargs = dict(kwargs or {})
         if func is not F.conv2d:
             return func(*args, **kwargs)
-        x, weight, *rest = args
+        x, weight, bias, rest = _conv_arguments(args, kwargs)
         device = x.device.type
-        if torch.is_autocast_enabled(device) and x.is_floating_point():  # as autocast casts a convolution's inputs
+        if torch.is_autocast_enabled(device):  # as autocast casts a convolution's inputs
             dtype = torch.get_autocast_dtype(device)
-            x, weight = x.to(dtype), weight.to(dtype)
-            if rest and isinstance(rest[0], Tensor):
-                rest[0] = rest[0].to(dtype)
-            elif isinstance(kwargs.get("bias"), Tensor):
-                kwargs["bias"] = kwargs["bias"].to(dtype)
-        return self.conv(x, weight, *rest, **kwargs)
+            x, weight = (t.to(dtype) if t.dtype in _AUTOCAST_FROM else t for t in (x, weight))
+            bias = bias.to(dtype) if bias is not None and bias.dtype in _AUTOCAST_FROM else bias
+        return self.conv(x, weight, bias, *rest, **kwargs)
 
 
 @contextlib.contextmanager
