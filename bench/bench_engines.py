@@ -36,6 +36,11 @@ What is measured, per workload:
   adds other modes. ``ran`` says which steps were ``graph``, ``compile``, ``static`` or ``uncaptured`` after all.
   ``--stacked-convs matmul,loop`` adds the batched engine (capture ``auto``) with each other way of computing its
   stacked convolutions (``Federation(stacked_conv=...)``; the default runs are ``grouped``).
+- ``--profile``: where a batched round's device time goes, per way of computing the convolutions: a 2-round fit with
+  ``step_capture="static"`` (the recorded step's function, run as it is: the same kernels, each visible to the
+  profiler) whose second round's stacked training runs under ``torch.profiler``; the top kernels by device time (on
+  a CPU: operators by CPU time), with their share and time per stacked step. ``--no-ops`` skips the operator counts
+  (two more fits per workload).
   For each batched fit: the step time (the median round's seconds minus one global evaluation, timed apart after
   the last round, over the round's stacked steps), beside the arithmetic floor (the method's loss forward and
   backward on one full batch, counted by ``torch.utils.flop_counter`` on the CPU, times the clients of a round, over
@@ -43,9 +48,10 @@ What is measured, per workload:
   and 200 rounds at the median.
 
 Usage: ``python bench/bench_engines.py [--workloads quickstart,tabular,fmnist_ntd,cifar10_ntd_shapes] [--rounds 3]
-[--groups 2,5] [--method fedntd] [--gpu] [--captures off,compile] [--stacked-convs matmul,loop] [--cudnn-benchmark]
-[--peak-tflops 989] [--threads N] [--verbose]`` (``--gpu``: ``accelerator="gpu"``, ``precision="bf16-mixed"``;
-``--method``: the workloads' method, FedAvg by default, with its defaults on the same setting)
+[--groups 2,5] [--method fedntd] [--gpu] [--captures off,compile] [--stacked-convs matmul,loop] [--profile] [--no-ops]
+[--cudnn-benchmark] [--peak-tflops 989] [--threads N] [--verbose]`` (``--gpu``: ``accelerator="gpu"``,
+``precision="bf16-mixed"``; ``--method``: the workloads' method, FedAvg by default, with its defaults on the same
+setting)
 """
 
 from __future__ import annotations
@@ -70,6 +76,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
+import fl_lightning.batched as batched_engine
 from fl_lightning import FedAvg, FederatedDataModule, Federation
 from fl_lightning.core.models import build_model
 from fl_lightning.core.stacked_conv import STACKED_CONVS
@@ -436,6 +443,8 @@ def run_workload(
     peak: float | None,
     captures: list[str],
     convs: Sequence[str] = (),
+    ops: bool = True,
+    profile: bool = False,
 ) -> list[Result]:
     work = BUILDERS[name]()
     work.method = method
@@ -450,7 +459,7 @@ def run_workload(
     configs += [("batched", g, "auto", "grouped") for g in groups if g < work.clients_per_round]
     for engine, group, capture, conv in configs:
         res = time_engine(work, engine, group, rounds, trainer_kw, capture, conv)
-        if group is None and capture == "auto" and conv == "grouped":
+        if ops and group is None and capture == "auto" and conv == "grouped":
             res.ops, res.eval_ops, res.kernels, _ = count_ops(work, engine, trainer_kw)
         results.append(res)
         ops = f"{res.ops:>9,d} ops/round (eval {res.eval_ops:,d}), {res.kernels:,d} kernels" if res.ops else ""
@@ -475,7 +484,64 @@ def run_workload(
                 f"200 rounds {200 * res.seconds:.1f} s",
                 flush=True,
             )
+    if profile:
+        for conv in ("grouped", *(c for c in convs if c != "grouped")):
+            print_kernel_profile(work, trainer_kw, conv)
     return results
+
+
+def print_kernel_profile(work: Workload, trainer_kw: dict[str, Any], conv: str, top: int = 12) -> None:
+    """The top kernels of the second round's stacked training, its step run as it is (``step_capture="static"``)."""
+    on_gpu = trainer_kw.get("accelerator") == "gpu"
+    activities = [torch.profiler.ProfilerActivity.CUDA if on_gpu else torch.profiler.ProfilerActivity.CPU]
+    profiles: list[torch.profiler.profile] = []
+    train = batched_engine.train_stacked
+    state = {"round": 0}
+
+    def profiled(*args: Any, **kwargs: Any) -> Any:
+        if state["round"] < 1:
+            return train(*args, **kwargs)
+        with torch.profiler.profile(activities=activities) as prof:
+            result = train(*args, **kwargs)
+            if on_gpu:
+                torch.cuda.synchronize()
+        profiles.append(prof)
+        return result
+
+    class Rounds(L.Callback):
+        def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+            state["round"] += 1
+
+    timer: list[StepTimer] = []
+
+    def extra(fed: Federation) -> list[L.Callback]:
+        timer.append(StepTimer(fed))
+        return [Rounds(), *timer]
+
+    batched_engine.train_stacked = profiled  # type: ignore[assignment]
+    try:
+        fit(work, "batched", None, 2, trainer_kw, extra, "static", conv)
+    finally:
+        batched_engine.train_stacked = train  # type: ignore[assignment]
+    attr = "self_device_time_total" if on_gpu else "self_cpu_time_total"
+    totals: dict[str, list[float]] = {}
+    for prof in profiles:
+        for event in prof.key_averages():
+            spent = float(getattr(event, attr, 0.0))
+            if spent > 0:
+                entry = totals.setdefault(event.key, [0.0, 0.0])
+                entry[0] += spent
+                entry[1] += event.count
+    whole = sum(t for t, _ in totals.values())
+    steps = max(timer[0].steps, 1) if timer else 1
+    unit = "device" if on_gpu else "CPU"
+    print(
+        f"  profile, stacked_conv={conv}: {whole / 1e3:.1f} ms of {unit} time in round 2's stacked training over "
+        f"{steps} steps ({whole / 1e3 / steps:.3f} ms a step), top {top}:",
+        flush=True,
+    )
+    for key, (spent, count) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]:
+        print(f"    {spent / whole:6.1%} {spent / 1e3 / steps:8.3f} ms/step {int(count):>6d}x  {key[:90]}", flush=True)
 
 
 def host() -> str:
@@ -503,6 +569,8 @@ def main() -> None:
         default="",
         help="comma-separated stacked_conv lowerings the batched engine runs besides grouped (matmul, loop)",
     )
+    parser.add_argument("--profile", action="store_true", help="the top kernels of a batched round's training")
+    parser.add_argument("--no-ops", action="store_true", help="skip the operator counts (two fits per workload)")
     parser.add_argument(
         "--cudnn-benchmark",
         action="store_true",
@@ -548,7 +616,12 @@ def main() -> None:
     convs = [c for c in args.stacked_convs.split(",") if c]
     if any(c not in STACKED_CONVS for c in convs):
         parser.error(f"unknown stacked_conv lowerings in {convs}; choose from {', '.join(STACKED_CONVS)}")
-    table = {name: run_workload(name, args.rounds, groups, trainer_kw, method, peak, captures, convs) for name in names}
+    table = {
+        name: run_workload(
+            name, args.rounds, groups, trainer_kw, method, peak, captures, convs, not args.no_ops, args.profile
+        )
+        for name in names
+    }
 
     print("\n" + "=" * 100)
     print(host() + f"; {device}; median of {args.rounds} rounds after 1 warm-up")
@@ -565,10 +638,14 @@ def main() -> None:
             acc = f"{r.acc:.4f}" if r.acc is not None else "-"
             print(f"{name:<20}{r.engine:<16}{r.used:<12}{secs:>10}{ops:>12}{kernels:>10}{ev:>10}{acc:>8}")
         seq, bat = results[0], results[1]
-        assert seq.seconds and bat.seconds and seq.ops and bat.ops and seq.kernels and bat.kernels
-        print(
-            f"{'':<20}sequential/batched: {seq.seconds / bat.seconds:.2f}x s/round, "
+        assert seq.seconds and bat.seconds
+        counted = (
             f"{seq.ops / bat.ops:.1f}x ops/round, {seq.kernels / bat.kernels:.1f}x kernels/round; "
+            if seq.ops and bat.ops and seq.kernels and bat.kernels
+            else ""
+        )
+        print(
+            f"{'':<20}sequential/batched: {seq.seconds / bat.seconds:.2f}x s/round, {counted}"
             f"200 rounds batched {200 * bat.seconds:.1f} s"
         )
         for r in results[2:]:

@@ -6,9 +6,9 @@ arithmetic done otherwise (functorch#365, pytorch#70954), so the engine can comp
 (``Federation(stacked_conv=...)``), all the same convolution up to float rounding:
 
 - ``grouped``: ``vmap``'s rule as it is (the default);
-- ``matmul``: im2col and a matrix product (:func:`conv2d_matmul`): under ``vmap`` one batched matmul over the
-  clients, and a batched matmul and ``fold`` backward. The unfolded input (C·kh·kw values an output pixel) is kept for
-  the backward, several times the activations' memory;
+- ``matmul``: im2col and a matrix product (:func:`conv2d_matmul`): under ``vmap`` one copy gathering the patches
+  and one batched matmul over the clients, backward two batched matmuls and a scatter of the patches' gradient. The
+  patches (C·kh·kw values an output pixel) are kept for the backward, several times the activations' memory;
 - ``loop``: one ordinary convolution per client, forward and backward (:func:`conv2d_loop`): the sequential engine's
   kernels. Each is launched on its own, so it pays only where launches are free (a step replayed as a CUDA graph).
   It computes first derivatives only, and traces whole under ``torch.compile`` where the gradient is taken of the
@@ -69,24 +69,28 @@ def conv2d_matmul(
     dilation: _Pair = 1,
     groups: int = 1,
 ) -> Tensor:
-    """``F.conv2d`` as im2col and one matrix product a group: ``y[n, :, p] = W_g · unfold(x)[n, :, p] + b``.
+    """``F.conv2d`` as im2col and one matrix product a group: ``y[n, :, p] = W_g · patches(x)[n, :, p] + b``.
 
     Takes and returns what :func:`torch.nn.functional.conv2d` does (a batched ``[N, C, H, W]`` or unbatched
-    ``[C, H, W]`` input). Under ``vmap`` over inputs and weights its matrix product is one batched matmul.
+    ``[C, H, W]`` input). The patches are a strided view of the (padded) input, gathered by one copy: ``F.unfold``
+    would launch a kernel per image on CUDA. Under ``vmap`` over inputs and weights the product is one batched matmul.
     """
     unbatched = x.dim() == 3
     if unbatched:
         x = x.unsqueeze(0)
     s, d = _pair(stride), _pair(dilation)
     x, p = _explicit_padding(x, weight, padding, d, s)
-    n, c, h, w = x.shape
+    if any(p):
+        x = F.pad(x, (p[1], p[1], p[0], p[0]))
+    n, c = x.shape[:2]
     out_channels, _, kh, kw = weight.shape
-    ho = (h + 2 * p[0] - d[0] * (kh - 1) - 1) // s[0] + 1
-    wo = (w + 2 * p[1] - d[1] * (kw - 1) - 1) // s[1] + 1
-    cols = F.unfold(
-        x, (kh, kw), dilation=tuple(d), padding=tuple(p), stride=tuple(s)
-    )  # [N, C·kh·kw, Ho·Wo], channel-major
-    cols = cols.view(n, groups, -1, ho * wo).permute(1, 2, 0, 3).reshape(groups, -1, n * ho * wo)
+    span_h, span_w = d[0] * (kh - 1) + 1, d[1] * (kw - 1) + 1
+    patches = x.unfold(2, span_h, s[0]).unfold(3, span_w, s[1])  # [N, C, Ho, Wo, span_h, span_w], a view
+    if span_h != kh or span_w != kw:
+        patches = patches[..., :: d[0], :: d[1]]
+    ho, wo = patches.shape[2:4]
+    cols = patches.reshape(n, groups, c // groups, ho, wo, kh, kw).permute(1, 2, 5, 6, 0, 3, 4)
+    cols = cols.reshape(groups, (c // groups) * kh * kw, n * ho * wo)  # channel-major, as the weight's rows
     y = torch.matmul(weight.reshape(groups, out_channels // groups, -1), cols)  # [G, O/G, N·Ho·Wo]
     y = y.reshape(out_channels, n, ho, wo).transpose(0, 1)
     if bias is not None:
