@@ -523,11 +523,12 @@ def print_kernel_profile(work: Workload, trainer_kw: dict[str, Any], conv: str, 
         fit(work, "batched", None, 2, trainer_kw, extra, "static", conv)
     finally:
         batched_engine.train_stacked = train  # type: ignore[assignment]
-    attr = "self_device_time_total" if on_gpu else "self_cpu_time_total"
     totals: dict[str, list[float]] = {}
     for prof in profiles:
         for event in prof.key_averages():
-            spent = float(getattr(event, attr, 0.0))
+            # self_device_time_total: torch >= 2.4's name for self_cuda_time_total
+            device = getattr(event, "self_device_time_total", getattr(event, "self_cuda_time_total", 0.0))
+            spent = float(device if on_gpu else event.self_cpu_time_total)
             if spent > 0:
                 entry = totals.setdefault(event.key, [0.0, 0.0])
                 entry[0] += spent

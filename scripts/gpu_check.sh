@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The GPU checks in one run, for a machine with a CUDA GPU and PyTorch + Lightning installed (no virtual environment
-# needed: the checkout is put on PYTHONPATH). Every piece has its own time limit and the limits add up to 405 s, so
+# needed: the checkout is put on PYTHONPATH). Every piece has its own time limit and the limits add up to 410 s, so
 # that the run fits twice within 15 minutes of GPU time with a machine's start (about 36 s) each:
 #
-#   1. the tests marked `gpu` (120 s): the captured step equals the sequential engine in float32 for every method
+#   1. the tests marked `gpu` (115 s): the captured step equals the sequential engine in float32 for every method
 #      and ends within a point of it after 20 rounds in bf16-mixed; so does each way of computing the stacked
 #      convolutions; the group size fits a memory budget; every method trains batched in bf16-mixed, its steps
 #      recorded;
@@ -13,7 +13,8 @@
 #   3. the stacked convolutions: bench/bench_stacked_conv.py --gpu on the CIFAR-10 cnn's two convolutions, each way
 #      (vmap's grouped convolution, with and without cuDNN's benchmark mode; im2col + batched matmul; one convolution
 #      per client) recorded and replayed (25 s); then the CIFAR-10-shaped FedNTD setting, sequential against the
-#      batched engine computing them each way (Federation(stacked_conv=grouped|matmul|loop)) (100 s);
+#      batched engine computing them each way (Federation(stacked_conv=grouped|matmul|loop)), and each way's top
+#      kernels in a round (--profile) (110 s);
 #   4. FedNTD and FedLMD through cli.py fit, sequential against batched (100 s);
 #   5. with FEDRS=1 only (30 s more): FedRS's bf16-mixed step, which could not be recorded on 2026-11-28, its test
 #      run with CUDA_LAUNCH_BLOCKING=1 and the failure shown in full;
@@ -39,16 +40,16 @@ if torch.cuda.is_available():
 EOF
 status=0
 start=$SECONDS
-timeout 120 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_step_capture.py tests/test_batched.py \
+timeout 115 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_step_capture.py tests/test_batched.py \
   tests/test_engine.py tests/test_server_optim.py tests/test_stacked_conv.py 2>&1 | tee "$OUT/gpu_tests.log" || status=1
 echo "tests: $((SECONDS - start)) s" | tee -a "$OUT/gpu_tests.log"
-timeout 60 "$PY" bench/bench_engines.py --gpu --method fedntd --rounds 3 --groups "" --workloads fmnist_ntd 2>&1 \
-  | tee "$OUT/bench_engines_gpu.log" || status=1
+timeout 60 "$PY" bench/bench_engines.py --gpu --method fedntd --rounds 3 --groups "" --workloads fmnist_ntd --no-ops \
+  2>&1 | tee "$OUT/bench_engines_gpu.log" || status=1
 echo "bench_engines: $((SECONDS - start)) s" | tee -a "$OUT/bench_engines_gpu.log"
 timeout 25 "$PY" bench/bench_stacked_conv.py --gpu --shapes cifar --repeats 50 2>&1 \
   | tee "$OUT/bench_stacked_conv_gpu.log" || status=1
-timeout 100 "$PY" bench/bench_engines.py --gpu --method fedntd --rounds 3 --groups "" --captures "" \
-  --workloads cifar10_ntd_shapes --stacked-convs matmul,loop 2>&1 | tee "$OUT/bench_convs_gpu.log" || status=1
+timeout 110 "$PY" bench/bench_engines.py --gpu --method fedntd --rounds 3 --groups "" --captures "" --no-ops \
+  --workloads cifar10_ntd_shapes --stacked-convs matmul,loop --profile 2>&1 | tee "$OUT/bench_convs_gpu.log" || status=1
 echo "stacked convolutions: $((SECONDS - start)) s" | tee -a "$OUT/bench_convs_gpu.log"
 timeout 100 "$PY" bench/bench_method_engines.py --gpu --rounds 3 --configs fedntd_fmnist_shard2,fedlmd_fmnist_shard2 \
   2>&1 | tee "$OUT/bench_methods_gpu.log" || status=1
