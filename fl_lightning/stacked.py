@@ -432,8 +432,7 @@ def _built_step(
 
     step = cache.get(key, module_fingerprint(module, module.client_attributes), build)
     if step is not None and step.sgd != sgd:
-        names = list(params)
-        step.retarget(make_step(loss_fn, names, step.used, sgd, clip_grad_norm, gradient_fn, autocast), sgd)
+        step.retarget(make_step(loss_fn, list(params), step.used, sgd, clip_grad_norm, gradient_fn, autocast), sgd)
     return step
 
 

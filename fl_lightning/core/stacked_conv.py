@@ -21,7 +21,7 @@ lowered; other convolutions (1-d, 3-d, transposed) run as they are.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -220,9 +220,9 @@ class _LoweredConvolutions(TorchFunctionMode):
     def __torch_function__(
         self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
+        if func is not F.conv2d:  # every other operator of the loss: passed on as it is
+            return func(*args, **(kwargs or {}))
         kwargs = dict(kwargs or {})
-        if func is not F.conv2d:
-            return func(*args, **kwargs)
         x, weight, bias, rest = _conv_arguments(args, kwargs)
         device = x.device.type
         if torch.is_autocast_enabled(device):  # as autocast casts a convolution's inputs
@@ -232,17 +232,14 @@ class _LoweredConvolutions(TorchFunctionMode):
         return self.conv(x, weight, bias, *rest, **kwargs)
 
 
-@contextlib.contextmanager
-def lowered_convolutions(kind: str) -> Iterator[None]:
+def lowered_convolutions(kind: str) -> contextlib.AbstractContextManager[Any]:
     """Within the context, ``F.conv2d`` runs as the :data:`STACKED_CONVS` lowering ``kind`` (``grouped``: as it is).
 
     Raises:
         ValueError: an unknown ``kind``.
     """
-    if kind not in STACKED_CONVS:
-        raise ValueError(f"stacked_conv must be one of {', '.join(STACKED_CONVS)}, got {kind!r}")
     if kind == "grouped":
-        yield
-        return
-    with _LoweredConvolutions(_LOWERED[kind]):
-        yield
+        return contextlib.nullcontext()
+    if kind not in _LOWERED:
+        raise ValueError(f"stacked_conv must be one of {', '.join(STACKED_CONVS)}, got {kind!r}")
+    return _LoweredConvolutions(_LOWERED[kind])
