@@ -1,5 +1,13 @@
 #!/usr/bin/env bash
-# Set up a virtual environment (scripts/setup_venv.sh) and run the test suite.
+# Set up a virtual environment (scripts/setup_venv.sh), check the import contracts and the types, and run the tests.
+#
+#   bash scripts/test.sh           the suite: every test but the `slow` ones (under 5 minutes on 2 cores)
+#   bash scripts/test.sh --slow    the `slow` tests alone: the ones that start processes importing torch and Lightning
+#                                  (signals, crashes, several processes and nodes, Flower deployments, compare's
+#                                  fits), build the docs or install the package
+#   bash scripts/test.sh --all     both (what CI runs, in two steps)
+#
+# Other arguments go to pytest, after the selection (a `-m` of your own replaces it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/setup_venv.sh
@@ -7,8 +15,12 @@ source scripts/setup_venv.sh  # pip only when .venv is new or pyproject.toml cha
 export WANDB_MODE=offline WANDB_SILENT=true
 # One pytest worker per core (pytest-xdist), one thread each: the tests are many small federations, not big kernels.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-# The import contracts and the types ([tool.importlinter], [tool.mypy] in pyproject.toml); the docs build runs in the
-# suite (tests/test_docs.py).
+SELECT=(-m "not slow")
+case "${1:-}" in
+  --slow) SELECT=(-m slow); shift ;;
+  --all) SELECT=(); shift ;;
+esac
+# The import contracts and the types ([tool.importlinter], [tool.mypy] in pyproject.toml).
 "$VENV/bin/lint-imports"
 "$VENV/bin/mypy"
-"$VENV/bin/python" -m pytest -q -n "${PYTEST_WORKERS:-auto}" "$@"
+"$VENV/bin/python" -m pytest -q -n "${PYTEST_WORKERS:-auto}" "${SELECT[@]}" "$@"

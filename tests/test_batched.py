@@ -2,19 +2,16 @@
 
 Every method (and FedAvgM, FedAdam) is compared round for round with the sequential engine: global weights, BatchNorm
 statistics, training losses, local-model metrics, per-client and server state. So are the settings that make clients
-differ inside a stack (unequal step counts, short last batches, augmentation streams, SGD variants, group sizes),
-resuming, and two processes. Modules or settings the engine cannot stack must say why and train sequentially (or,
-for an undeclared per-client attribute, fail); ``train_stacked`` is also checked without a Trainer against
-``torch.optim.SGD``.
+differ inside a stack (unequal step counts, short last batches, augmentation streams, SGD variants, group sizes) and
+resuming (two processes: ``test_processes.py``). Modules or settings the engine cannot stack must say why and train
+sequentially (or, for an undeclared per-client attribute, fail); ``train_stacked`` is also checked without a Trainer
+against ``torch.optim.SGD``.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-import os
-import subprocess
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -381,41 +378,6 @@ def test_batched_resume_is_exact(tmp_path: Path, method: type[FedAvg]) -> None:
 
 
 # ---- 9. two processes --------------------------------------------------------------------------------------------
-
-SCRIPT = Path(__file__).with_name("_federate_processes.py")
-
-
-def _gloo() -> bool:
-    return torch.distributed.is_available() and torch.distributed.is_gloo_available()
-
-
-def _processes(out: Path, devices: int, rounds: int, *args: str) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    cmd = [sys.executable, str(SCRIPT), str(out), str(devices), str(rounds), *args]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not _gloo(), reason="needs torch.distributed with gloo")
-def test_two_processes_batched_match_one_sequential(tmp_path: Path) -> None:
-    methods = ["fedavg", "scaffold"]
-    _processes(tmp_path / "one", 1, 2, *methods)
-    _processes(tmp_path / "two", 2, 2, *methods, "--engine", "batched")
-    for method in methods:
-        assert read_summary(tmp_path / "one" / method)["engine"] == "sequential"
-        assert read_summary(tmp_path / "two" / method)["engine"] == "batched"
-        rows_one, rows_two = read_metrics(tmp_path / "one" / method), read_metrics(tmp_path / "two" / method)
-        assert [r["round"] for r in rows_two] == ["1", "2"]
-        for a, b in zip(rows_one, rows_two, strict=True):
-            assert float(b["train_loss"]) == pytest.approx(float(a["train_loss"]), abs=1e-5)
-            assert float(b["global_loss"]) == pytest.approx(float(a["global_loss"]), abs=1e-5)
-        one = torch.load(tmp_path / "one" / method / "weights.pt")
-        two = torch.load(tmp_path / "two" / method / "weights.pt")
-        # Two rounds across processes: SCAFFOLD's control variates carry one round's rounding into the next (on some
-        # CPUs 4.7e-5 after round 2), so the weights get a round's worth more room than one round's 1e-5.
-        assert_trees_close(two, one, 1e-4, method)
-
 
 # ---- 10. fallbacks -----------------------------------------------------------------------------------------------
 

@@ -106,6 +106,7 @@ def test_importing_the_command_line_loads_neither_torch_nor_lightning():
     assert not {m.split(".")[0] for m in out.stdout.split()} & {"torch", "lightning", "jsonargparse"}
 
 
+@pytest.mark.slow
 def test_repeated_ctrl_c_at_the_end_keeps_the_runs_exit_code(tmp_path):
     # Before: Ctrl-C pressed again and again (as a terminal sends it to the whole process group) while the run wrote
     # its final files ended the process by SIGINT (130, "KeyboardInterrupt" in an atexit callback of torch).
@@ -312,6 +313,7 @@ def test_value_errors_come_before_the_directory_check(finished, capsys, extra, m
     assert err_lines(capsys)[-1].startswith(message)
 
 
+@pytest.mark.slow
 def test_more_cpu_devices_than_cores_is_said_in_one_warning(tmp_path):
     # Before: `--trainer.devices 4` on a 2-core CPU started 4 processes without a word.
     args = quickstart_fit_args(tmp_path / "r", "--trainer.accelerator", "cpu", "--trainer.devices", str(CORES + 1))
@@ -424,6 +426,7 @@ def _hold(run_dir: str, held, done) -> None:
     release_run_dir(run_dir)
 
 
+@pytest.mark.slow
 def test_compare_says_when_another_process_took_a_run_after_its_check(tmp_path, monkeypatch, capsys):
     # Before: a second comparison whose fit found the run directory held (the other comparison's fit claimed it
     # between this one's check and its fit) reported "digits/fedavg/seed0: completed (exit code 2)" and "did not

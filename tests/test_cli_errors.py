@@ -43,6 +43,7 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
     )
 
 
+@pytest.mark.slow
 def test_bad_value_is_one_line_and_exit_2():
     # Before: a 35-56-line traceback or a 70-line usage wall before the one line that matters.
     out = cli("fit", "--config", "configs/quickstart.yaml", "--data.num_clients", "abc")

@@ -138,6 +138,7 @@ def fit_args(run_dir: Path, *extra: str) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 def test_plain_module_by_class_path_runs(tmp_path, own_package):
     # Before: "error: --model: Expected a path but fl_cli_own.Plain either not accessible or invalid" (exit 2).
     run_dir = tmp_path / "r"

@@ -388,6 +388,7 @@ def _race(run_dir: str, start, tried, results) -> None:
     release_run_dir(run_dir)
 
 
+@pytest.mark.slow
 def test_concurrent_starts_never_share_a_directory(tmp_path):
     # Before: the directory check ran before anything claimed the directory; 2 of 7 concurrent fits mixed.
     ctx = multiprocessing.get_context("fork")

@@ -218,6 +218,7 @@ def _visible_lines(output: str) -> list[str]:
 BAR = re.compile(r"\| client \d+/\d+ \[")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a pseudo-terminal as Linux has it")
 def test_terminal_bar_is_erased_before_every_other_line(tmp_path):
     # Before: "...client 3/3 [00:00<00:00], acc=95.00%`Trainer.fit` stopped: ..." on one line, the bar drawn again
@@ -255,6 +256,7 @@ def test_terminal_bar_is_erased_before_every_other_line(tmp_path):
         assert noise not in output
 
 
+@pytest.mark.slow
 def test_redirected_output_has_one_line_per_round_and_no_frames(tmp_path):
     # Before: every bar update written to the log (~450 frames for a 21-line run log), with carriage returns.
     args = fit_args(tmp_path / "r", "--federation.rounds", "2", "--data.num_clients", "3")

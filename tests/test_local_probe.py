@@ -36,6 +36,7 @@ def probed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return run, out
 
 
+@pytest.mark.slow
 def test_each_method_trains_each_client_once_from_the_global_model(probed: tuple[Path, Path]) -> None:
     run, out = probed
     rows = read_csv(out / "seed0" / "probe.csv")
@@ -51,6 +52,7 @@ def test_each_method_trains_each_client_once_from_the_global_model(probed: tuple
     assert "the paper-like one" in (out / "seed0" / "probe.txt").read_text()
 
 
+@pytest.mark.slow
 def test_its_per_seed_table_is_the_claims_input(probed: tuple[Path, Path]) -> None:
     _, out = probed
     means = {(r["method"], r["client"]): float(r["class_mean"]) for r in read_csv(out / "seed0" / "probe.csv")}
@@ -113,6 +115,7 @@ def test_the_probe_trains_at_the_next_rounds_learning_rate(
         _setting.rounds_done(state, {**federation, "eval_every": 2})
 
 
+@pytest.mark.slow
 def test_a_method_the_probe_cannot_start_fails_before_any_probe(probed: tuple[Path, Path], tmp_path: Path) -> None:
     run, _ = probed
     cmd = [sys.executable, "bench/local_probe.py", "--ckpt", str(run / "checkpoints" / "last.ckpt")]

@@ -95,12 +95,12 @@ def _rows(run_dir: Path) -> list[dict[str, str]]:
 
 @pytest.mark.slow
 def test_two_nodes_end_cleanly_with_one_process_results(tmp_path: Path) -> None:
-    single = tmp_path / "single"
-    proc = subprocess.run(
-        [sys.executable, *FIT, *QUIET, "--trainer.default_root_dir", str(single)],
-        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=LIMIT_S,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    from fl_lightning.cli import run
+
+    single = tmp_path / "single"  # one process: this one
+    fit = [*FIT[1:], *QUIET, "--trainer.default_root_dir", str(single)]
+    fit[fit.index("configs/quickstart.yaml")] = str(ROOT / "configs/quickstart.yaml")
+    assert run(fit) == 0
 
     nodes = tmp_path / "nodes"
     codes, outputs, wall = _two_nodes(nodes)
@@ -167,6 +167,7 @@ print(f"ended={ended} initialized={dist.is_initialized()} after={time.monotonic(
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("late", [0.0, 3.0], ids=["together", "one-late"])
 def test_a_finished_process_ends_its_process_group(late: float) -> None:
     """What the command does after a fit (``fl_lightning.cli.run``): the gloo group is destroyed before exit once
