@@ -26,7 +26,7 @@ from typing_extensions import override
 from fl_lightning import rules
 from fl_lightning.core import faults
 from fl_lightning.core.context import ServerContext
-from fl_lightning.core.distributed import rank_and_world, to_device
+from fl_lightning.core.distributed import end_process_group_at_exit, is_distributed, rank_and_world, to_device
 from fl_lightning.core.evaluation import Evaluation
 from fl_lightning.core.gpu_memory import GIB, MIB, StackedMemory, fitting_group
 from fl_lightning.core.rounds import RoundPlan, RoundState, num_sampled, process_share
@@ -219,6 +219,8 @@ class Federation(Callback, FederatedServer):
         # independently; their weights are reduced once per round.
         if trainer.strategy.model is not pl_module:
             trainer.strategy.model = pl_module
+        if is_distributed():  # a gloo group left to the interpreter's shutdown can abort a process that has finished
+            end_process_group_at_exit()
         rules.check_lr_schedulers(trainer, self.lr_decay)
         self.server_state = to_device(self.server_state, pl_module.device)
         if pl_module.device.type == "cpu" and trainer.is_global_zero:  # one reading, by the process that warns

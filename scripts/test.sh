@@ -2,12 +2,14 @@
 # Set up a virtual environment (scripts/setup_venv.sh), check the import contracts and the types, and run the tests.
 #
 #   bash scripts/test.sh           the suite: every test but the `slow` ones (under 5 minutes on 2 cores)
-#   bash scripts/test.sh --slow    the `slow` tests alone: the ones that start processes importing torch and Lightning
-#                                  (signals, crashes, several processes and nodes, Flower deployments, compare's
-#                                  fits), build the docs or install the package
+#   bash scripts/test.sh --slow    the `slow` tests alone, end to end through processes that import torch and
+#                                  Lightning (signals, crashes, several processes and nodes, compare's fits), Flower
+#                                  (simulation, a deployment, every method through the apps), the docs build or the
+#                                  installed package
 #   bash scripts/test.sh --all     both (what CI runs, in two steps)
 #
-# Other arguments go to pytest, after the selection (a `-m` of your own replaces it).
+# Other arguments go to pytest, after the selection (a `-m` of your own replaces it). Naming a test file or a test
+# (`tests/test_crash.py`, `tests/test_crash.py::test_...`) runs it, slow or not.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/setup_venv.sh
@@ -19,6 +21,9 @@ SELECT=(-m "not slow")
 case "${1:-}" in
   --slow) SELECT=(-m slow); shift ;;
   --all) SELECT=(); shift ;;
+  *) for arg in "$@"; do
+       if [[ "$arg" == *.py || "$arg" == *::* ]]; then SELECT=(); fi
+     done ;;
 esac
 # The import contracts and the types ([tool.importlinter], [tool.mypy] in pyproject.toml).
 "$VENV/bin/lint-imports"

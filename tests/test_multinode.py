@@ -163,20 +163,19 @@ if rank == 1:
     time.sleep(late)
 start = time.monotonic()
 ended = end_process_group(wait_s=1.0)
-print(f"ended={ended} initialized={dist.is_initialized()} after={time.monotonic() - start:.1f}", flush=True)
+after = time.monotonic() - start
+again = end_process_group(wait_s=1.0)  # as at exit, after the command's own call
+print(f"again={again} in {time.monotonic() - start - after:.1f}", flush=True)
+print(f"ended={ended} initialized={dist.is_initialized()} after={after:.1f}", flush=True)
 """
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("late", [0.0, 3.0], ids=["together", "one-late"])
-def test_a_finished_process_ends_its_process_group(late: float) -> None:
-    """What the command does after a fit (``fl_lightning.cli.run``): the gloo group is destroyed before exit once
-    both processes got there, not left to the interpreter's shutdown, which can abort a process that finished its
-    run; a process that does not come in time is not waited for, and its group is left as it is."""
+def _two_gloo_processes(script: str, *args: str) -> tuple[list[int], list[str]]:
+    """``script`` run by two processes with ``rank port *args`` as arguments; their exit codes and outputs."""
     port = str(_free_port())
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", _END_GROUP, str(rank), port, str(late)],
+            [sys.executable, "-c", script, str(rank), port, *args],
             cwd=ROOT,
             env=_env(),
             stdout=subprocess.PIPE,
@@ -186,10 +185,72 @@ def test_a_finished_process_ends_its_process_group(late: float) -> None:
         for rank in (0, 1)
     ]
     outs = [p.communicate(timeout=60)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs
+    return [p.returncode for p in procs], outs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("late", [0.0, 3.0], ids=["together", "one-late"])
+def test_a_finished_process_ends_its_process_group(late: float) -> None:
+    """What the command does after a fit (``fl_lightning.cli.run``): the gloo group is destroyed before exit once
+    both processes got there, not left to the interpreter's shutdown, which can abort a process that finished its
+    run; a process that does not come in time is not waited for, and its group is left as it is, without a second
+    wait at exit."""
+    codes, outs = _two_gloo_processes(_END_GROUP, str(late))
+    assert codes == [0, 0], outs
     said = [out.strip().splitlines()[-1] for out in outs]
+    # a second call (the one at exit) never waits again: the group is gone, or was waited for once and left
+    assert all(out.strip().splitlines()[-2] in ("again=False in 0.0", "again=False in -0.0") for out in outs), outs
     if late == 0.0:
         assert all(line.startswith("ended=True initialized=False") for line in said), said
     else:  # rank 0 gives up after its 1 s and leaves the group; rank 1 then finds no one to end it with
         assert said[0].startswith("ended=False initialized=True"), said
         assert float(said[0].rsplit("=", 1)[1]) < 2.5, said
+
+
+_END_AT_EXIT = """
+import atexit, sys
+import torch.distributed as dist
+from fl_lightning.core.distributed import end_process_group_at_exit
+rank, port = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+atexit.register(lambda: print(f"at exit: initialized={dist.is_initialized()}", flush=True))  # runs last
+end_process_group_at_exit()
+"""
+
+
+@pytest.mark.slow
+def test_a_fit_from_python_ends_its_process_group_at_exit() -> None:
+    """What the ``Federation`` callback arranges in a fit of several processes (a script under ``torchrun``): the
+    gloo group is destroyed at exit, before the interpreter's shutdown."""
+    codes, outs = _two_gloo_processes(_END_AT_EXIT)
+    assert codes == [0, 0], outs
+    for out in outs:
+        lines = out.strip().splitlines()
+        assert lines[-1] == "at exit: initialized=False", out
+
+
+def test_the_end_at_exit_is_registered_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fl_lightning.core import distributed
+
+    registered: list[object] = []
+    monkeypatch.setattr(distributed.atexit, "register", registered.append)
+    monkeypatch.setattr(distributed, "_ENDS_AT_EXIT", [])
+    distributed.end_process_group_at_exit()
+    distributed.end_process_group_at_exit()  # a second fit in the same process
+    assert registered == [distributed.end_process_group]
+
+
+def test_the_callback_arranges_the_end_with_several_processes_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from helpers import tiny_run
+
+    import fl_lightning.federation as federation
+
+    arranged: list[bool] = []
+    monkeypatch.setattr(federation, "end_process_group_at_exit", lambda: arranged.append(True))
+    tiny_run(tmp_path / "one", rounds=1)
+    assert arranged == []  # one process: no group to end
+    monkeypatch.setattr(federation, "is_distributed", lambda: True)  # as in each of several processes
+    tiny_run(tmp_path / "several", rounds=1)
+    assert arranged == [True]

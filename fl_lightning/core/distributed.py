@@ -5,6 +5,7 @@ Every function is a no-op (or the identity) in a single process, so the callback
 
 from __future__ import annotations
 
+import atexit
 import heapq
 from collections.abc import Sequence
 from datetime import timedelta
@@ -20,23 +21,47 @@ def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
+#: The process groups (by ``id``) that :func:`end_process_group` waited for in vain and left.
+_LEFT: set[int] = set()
+
+
 def end_process_group(wait_s: float = 60.0) -> bool:
     """After a finished fit, destroy a gloo process group once every process has got here; whether it was destroyed.
 
     Lightning destroys only an NCCL group at exit; a gloo group (CPU processes) left to the interpreter's shutdown
     can abort a process that has finished its run (``terminate called without an active exception``). The processes
     wait for each other at most ``wait_s`` seconds: destroying the group while another process is still in one of its
-    collectives would block until that process leaves, so then (or on any error) the group is left as it is.
+    collectives would block until that process leaves, so then (or on any error) the group is left as it is, and a
+    second call (the one at exit, :func:`end_process_group_at_exit`) does not wait for it again.
     """
     try:
         if not (dist.is_available() and dist.is_initialized()) or dist.get_backend() != "gloo":
             return False
+        group = id(dist.group.WORLD)
+        if group in _LEFT:  # waited for once already (the command's end, then the exit): left as it is
+            return False
+        _LEFT.add(group)
         if dist.get_world_size() > 1:
             dist.barrier(async_op=True).wait(timeout=timedelta(seconds=wait_s))
         dist.destroy_process_group()
+        _LEFT.discard(group)
         return True
     except Exception:  # noqa: BLE001 - a process that failed or left: its end is not this process's to decide
         return False
+
+
+_ENDS_AT_EXIT: list[bool] = []
+
+
+def end_process_group_at_exit() -> None:
+    """Run :func:`end_process_group` when this process exits (registered once per process).
+
+    The command line ends the group after its fit; a fit from Python (a script under ``torchrun``) gets the same end
+    here: without it such a script's processes could abort at exit after all their fits had ended.
+    """
+    if not _ENDS_AT_EXIT:
+        atexit.register(end_process_group)
+        _ENDS_AT_EXIT.append(True)
 
 
 def rank_and_world() -> tuple[int, int]:
