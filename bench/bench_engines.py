@@ -526,9 +526,7 @@ def print_kernel_profile(work: Workload, trainer_kw: dict[str, Any], conv: str, 
     totals: dict[str, list[float]] = {}
     for prof in profiles:
         for event in prof.key_averages():
-            # self_device_time_total: torch >= 2.4's name for self_cuda_time_total
-            device = getattr(event, "self_device_time_total", getattr(event, "self_cuda_time_total", 0.0))
-            spent = float(device if on_gpu else event.self_cpu_time_total)
+            spent = float(event.self_device_time_total if on_gpu else event.self_cpu_time_total)
             if spent > 0:
                 entry = totals.setdefault(event.key, [0.0, 0.0])
                 entry[0] += spent

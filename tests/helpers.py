@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from torch import Tensor
 
 from fl_lightning import FedAvg, FederatedDataModule, Federation
@@ -79,6 +82,17 @@ def tiny_run(
     )
     trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
     return trainer, fed, model
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """torch on one thread within the context, as a subprocess fit with ``OMP_NUM_THREADS=1``: comparable metrics."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, str]]:

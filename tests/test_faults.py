@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import quickstart_fit_args, read_summary, tiny_run
+from helpers import one_thread, quickstart_fit_args, read_summary, tiny_run
 
 from fl_lightning import cli
 from fl_lightning.core.files import (
@@ -73,14 +73,10 @@ def temporaries(run_dir: Path) -> list[Path]:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_thread():
+def in_one_thread():
     """In-process fits use one thread, as the subprocess fits (ENV) do, so that their metrics can be compared."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with one_thread():
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from _federate_processes import federate
-from helpers import read_summary
+from helpers import one_thread, read_summary
 
 from fl_lightning.methods import METHODS
 
@@ -34,16 +32,6 @@ def _run(out: Path, devices: int, rounds: int, *extra: str) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-@contextlib.contextmanager
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 def _rows(run_dir: Path) -> list[dict[str, str]]:
     with open(run_dir / "metrics.csv") as f:
         return list(csv.DictReader(f))
@@ -60,7 +48,7 @@ def test_two_processes_match_one_and_write_the_results_once(tmp_path: Path) -> N
     # The two-process run stops after round 2 and resumes: its rounds 1-2 are a plain two-process run, its round 3
     # a resumed one, so one run checks both against the single process.
     runs = {"one": tmp_path / "one", "two": tmp_path / "two"}
-    with _one_thread():
+    with one_thread():
         federate(runs["one"], 1, 3, PROC_METHODS, resume_from=2)
     _run(runs["two"], 2, 3, "--resume-from", "2", "--batched", *BATCHED)
     for method in PROC_METHODS:

@@ -50,18 +50,14 @@ def end_process_group(wait_s: float = 60.0) -> bool:
         return False
 
 
-_ENDS_AT_EXIT: list[bool] = []
-
-
 def end_process_group_at_exit() -> None:
-    """Run :func:`end_process_group` when this process exits (registered once per process).
+    """Run :func:`end_process_group` when this process exits (once, however many fits call this).
 
     The command line ends the group after its fit; a fit from Python (a script under ``torchrun``) gets the same end
     here: without it such a script's processes could abort at exit after all their fits had ended.
     """
-    if not _ENDS_AT_EXIT:
-        atexit.register(end_process_group)
-        _ENDS_AT_EXIT.append(True)
+    atexit.unregister(end_process_group)
+    atexit.register(end_process_group)
 
 
 def rank_and_world() -> tuple[int, int]:
