@@ -188,6 +188,7 @@ class FederatedDataModule(L.LightningDataModule):
         self.aux_x: Tensor
         self.aux_y: Tensor
         self._train_reader: DatasetReader | None = None
+        self._train_round: RoundBatches | None = None  # the round's training batches (train_dataloader)
         self.client_indices: list[Tensor] = []
         self.client_class_counts: np.ndarray = np.zeros((0, self.num_classes), dtype=np.int64)
         self.transform: BatchTransform | None = None
@@ -455,10 +456,16 @@ class FederatedDataModule(L.LightningDataModule):
             )
         assert self.trainer is not None
         plan = planner.local_plan(self.trainer.current_epoch)
-        return self.round_batches(plan, flat=not planner.client_batches, group=getattr(planner, "client_group", None))
+        self._train_round = self.round_batches(
+            plan, planner.seed, flat=not planner.client_batches, group=planner.client_group
+        )
+        return self._train_round
 
-    def round_batches(self, plan: RoundPlan, flat: bool = False, group: int | None = None) -> RoundBatches:
-        """The local batches of ``plan``'s clients: one client per item, one local batch (``flat``), or ``group``s."""
+    def round_batches(self, plan: RoundPlan, seed: int, flat: bool = False, group: int | None = None) -> RoundBatches:
+        """The local batches of ``plan``'s clients: one client per item, one local batch (``flat``), or ``group``s.
+
+        ``seed``: the federation's seed, of the local shuffling (and of the augmentation of ``flat`` batches).
+        """
         source = self.train_x if self.train_x is not None else self._train_reader
         assert source is not None
         return RoundBatches(
@@ -468,7 +475,7 @@ class FederatedDataModule(L.LightningDataModule):
             plan,
             self.batch_size,
             self.drop_last,
-            self.seed,
+            seed,
             flat=flat,
             group=group,
         )
@@ -539,5 +546,9 @@ class FederatedDataModule(L.LightningDataModule):
         if isinstance(batch, Tensor):  # an export's input sample (to_onnx, to_torchscript): the model's own input
             return batch
         x, y = batch
-        training = self.trainer is not None and self.trainer.training
-        return transform(x, train=training), y
+        if self.trainer is None or not self.trainer.training:
+            return transform(x, train=False), y
+        # A local step's batch: augmented from its own seed (RoundBatches.augment_seeds), not the global generator.
+        seeds = self._train_round.augment_seeds if self._train_round is not None else None
+        generator = torch.Generator().manual_seed(seeds.popleft()) if seeds else None
+        return transform(x, train=True, generator=generator), y

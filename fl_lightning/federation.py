@@ -300,6 +300,8 @@ class Federation(Callback, FederatedServer):
             received_class_acc=self.evaluate(pl_module, trainer).class_acc if self.eval_local else np.zeros(0),
         )
         self._server = server
+        assert self.recorder is not None
+        self.recorder.begin_round(trainer)
         self.executor.start_round(self._round, payload)
         pl_module.train()
 

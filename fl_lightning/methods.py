@@ -154,7 +154,7 @@ class FedSSD(FedAvg):
     with the weights; the client adds L_SSD = mean_x Σ_k (M(x)[k]·z_g[k] − M(x)[k]·z[k])².
 
     Args:
-        m_max: maximum distillation weight M_max (0.01 for 10 classes, 0.001 for 100/200 in the paper).
+        m_max: maximum distillation weight M_max (default, as in the paper: 0.01 for up to 10 classes, 0.001 above).
         aux_per_class: auxiliary samples per class the server uses (needs ``--data.holdout_per_class`` at least this).
         **kwargs: see :class:`~fl_lightning.module.FedAvg`.
     """
@@ -164,13 +164,21 @@ class FedSSD(FedAvg):
     uses_teacher = True
     client_attributes = ("credibility",)
 
-    def __init__(self, m_max: float = 0.01, aux_per_class: int = 64, **kwargs: Any) -> None:
-        if m_max < 0 or aux_per_class < 1:
+    def __init__(self, m_max: float | None = None, aux_per_class: int = 64, **kwargs: Any) -> None:
+        if (m_max is not None and m_max < 0) or aux_per_class < 1:
             raise ValueError(f"FedSSD needs m_max >= 0 and aux_per_class >= 1, got {m_max}, {aux_per_class}")
         super().__init__(**kwargs)
-        self.m_max = m_max
+        self._m_max = m_max
         self.aux_per_class = aux_per_class
         self.credibility: Tensor | None = None
+
+    @property
+    @torch.jit.unused
+    def m_max(self) -> float:
+        """M_max (default 0.01 for up to 10 classes, 0.001 above, known once the number of classes is)."""
+        if self._m_max is not None:
+            return self._m_max
+        return 0.01 if self.num_classes <= 10 else 0.001
 
     @property
     def holdout_per_class_required(self) -> int:

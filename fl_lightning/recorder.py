@@ -84,6 +84,7 @@ class RunRecorder:
         self.started = False
         self._written_status: str | None = None  # the status summary.json holds now
         self._measured: tuple[dict[str, float], np.ndarray] | None = None  # the round evaluated, to be recorded
+        self._metrics_before: dict[str, Any] = {}  # the callback metrics as the round started (begin_round)
         self._watch = RunDirWatch(run_dir)  # from start() on, tells when the run directory is removed
 
     # ---- state ---------------------------------------------------------------------------------------------------
@@ -136,12 +137,17 @@ class RunRecorder:
                 remove_temporaries(folder)  # what a killed earlier attempt left
             self._write_summary()
 
+    def begin_round(self, trainer: L.Trainer) -> None:
+        """A round starts: what Lightning's callback metrics hold now was logged before it (:meth:`record_round`)."""
+        self._metrics_before = dict(trainer.callback_metrics)
+
     def record_round(self, trainer: L.Trainer, measured: Mapping[str, Any], class_acc: np.ndarray) -> dict[str, float]:
         """Add one evaluated round (``measured`` holds round, global_acc, global_loss, ...); returns the full row.
 
         Whatever the module logged with ``self.log`` during the round (its last value, or its round mean with
         ``on_epoch=True``) joins the row under its own name, so that it lands in ``metrics.csv`` and, with the round
-        as the step, in the loggers.
+        as the step, in the loggers. A value logged in an earlier round only (validation that ran every few rounds,
+        say), which Lightning's callback metrics still hold, does not: its cell stays empty.
         """
         self.class_acc_history.append([float(a) for a in class_acc])
         prev_best = max((row["global_acc"] for row in self.history), default=-1.0)
@@ -152,7 +158,9 @@ class RunRecorder:
         row.update({f"acc_class_{c}": float(a) for c, a in enumerate(class_acc)})
         self.publish(trainer, row)  # before the module's own metrics join the row: those are Lightning's already
         for key, value in trainer.callback_metrics.items():
-            if key not in row and key not in self._published and value.numel() == 1:
+            # Lightning replaces a value it logs again with a new tensor: the same object is one from before the round.
+            fresh = value is not self._metrics_before.get(key)
+            if fresh and key not in row and key not in self._published and value.numel() == 1:
                 row[key] = float(value)
         self.history.append(row)
         self._log(trainer, row)

@@ -146,6 +146,15 @@ def test_validation_sees_the_global_model_of_the_round(tmp_path):
     assert float(rows[-1]["val_acc"]) == pytest.approx(expected.acc, abs=1e-6)  # recorded with its own round
 
 
+def test_a_round_without_validation_records_no_validation_metrics(tmp_path):
+    """Validation every second round: the rounds between leave its columns empty, not the last round's values."""
+    trainer = bare_trainer(tmp_path, Federation(rounds=4), num_sanity_val_steps=0, check_val_every_n_epoch=2)
+    trainer.fit(_model(_Validated), datamodule=_dm())
+    rows = read_metrics(tmp_path)
+    assert [row["val_acc"] != "" for row in rows] == [False, True, False, True]
+    assert rows[2]["val_loss"] == "" and rows[3]["val_loss"] != ""
+
+
 def test_a_users_validation_split_is_validated(tmp_path):
     from sklearn.datasets import load_digits
 

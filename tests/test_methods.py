@@ -74,6 +74,13 @@ def test_ssd_gets_credibility_each_round(tmp_path):
     assert not torch.equal(matrices[0][1], matrices[-1][1])  # recomputed with the new global model
 
 
+@pytest.mark.parametrize(("num_classes", "m_max"), [(10, 0.01), (100, 0.001), (200, 0.001)])
+def test_ssd_m_max_default_follows_the_class_count(num_classes, m_max):
+    """FedSSD's M_max: the paper's 0.01 for 10 classes, 0.001 for 100 and 200; an explicit value wins."""
+    assert FedSSD(num_classes=num_classes).m_max == m_max
+    assert FedSSD(num_classes=num_classes, m_max=0.3).m_max == 0.3
+
+
 def test_ssd_needs_holdout(tmp_path):
     with pytest.raises(ValueError, match="holdout_per_class 64"):
         tiny_run(tmp_path, method=FedSSD, rounds=1)

@@ -64,3 +64,41 @@ def test_own_module_equals_the_builtin_method(tmp_path, own, method) -> None:
     for name, value in builtin.net.state_dict().items():
         torch.testing.assert_close(mine.net.state_dict()[name], value, atol=1e-5, rtol=1e-5)
     assert fed_mine.recorder.status == "completed"
+
+
+class _BatchSums(L.Callback):
+    """Each training batch's input sum; with ``burn``, a draw from the global generator before every round."""
+
+    def __init__(self, burn: bool = False) -> None:
+        self.burn, self.sums = burn, []
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.burn:
+            torch.rand(7)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.sums.append(float(batch[0].sum()))
+
+
+def _batch_sums(root, burn: bool = False, seed: int = 0, **augment) -> list[float]:
+    dm = FederatedDataModule("digits", num_clients=3, batch_size=256, seed=0, **augment)
+    spy = _BatchSums(burn)
+    torch.manual_seed(0)
+    bare_trainer(root, Federation(rounds=2, seed=seed, plots=False), spy).fit(PlainClassifier(), datamodule=dm)
+    return spy.sums
+
+
+def test_a_plain_modules_augmentation_does_not_depend_on_the_global_generator(tmp_path) -> None:
+    """Batches are augmented before the step's hooks seed the client: each batch draws from its own seed."""
+    augment = {"hflip": True, "crop_padding": 1}
+    plain = _batch_sums(tmp_path / "plain")
+    sums = _batch_sums(tmp_path / "a", **augment)
+    assert sums != plain  # augmented
+    assert _batch_sums(tmp_path / "b", burn=True, **augment) == sums
+
+
+def test_the_federations_seed_shuffles_a_plain_modules_batches(tmp_path) -> None:
+    """Federation(seed=...) orders the local batches (the datamodule's seed is the partition's)."""
+    sums = _batch_sums(tmp_path / "a")
+    assert _batch_sums(tmp_path / "b") == sums
+    assert _batch_sums(tmp_path / "c", seed=1) != sums

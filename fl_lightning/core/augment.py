@@ -113,28 +113,32 @@ class BatchTransform:
         """Whether training batches are randomly transformed."""
         return self.crop_padding > 0 or self.hflip or self.cutout_size > 0
 
-    def __call__(self, x: Tensor, train: bool) -> Tensor:
-        """Transform a raw batch (uint8 or float) into a normalised float32 one."""
-        choices = self.draw(x.shape[0], x.shape[-2:], x.device) if train and self.augments else None
+    def __call__(self, x: Tensor, train: bool, generator: torch.Generator | None = None) -> Tensor:
+        """Transform a raw batch (uint8 or float) into a normalised float32 one (``generator``: see :meth:`draw`)."""
+        choices = self.draw(x.shape[0], x.shape[-2:], x.device, generator) if train and self.augments else None
         return self.apply(x, choices)
 
-    def draw(self, batch: int, size: Sequence[int], device: torch.device | str) -> dict[str, Tensor]:
+    def draw(
+        self, batch: int, size: Sequence[int], device: torch.device | str, generator: torch.Generator | None = None
+    ) -> dict[str, Tensor]:
         """The random choices of a training batch of ``batch`` images of ``size`` (H, W), in ``__call__``'s order.
 
-        Drawn from torch's global generator, as ``__call__`` draws them; several batches' choices, concatenated,
-        :meth:`apply` to their concatenated images (the batched engine: one transform for a step of many clients).
+        Drawn from torch's global generator on ``device``, or from ``generator`` on its own device and then moved;
+        several batches' choices, concatenated, :meth:`apply` to their concatenated images (the batched engine: one
+        transform for a step of many clients).
         """
+        where = device if generator is None else generator.device
         out: dict[str, Tensor] = {}
         if self.crop_padding > 0:
             side = 2 * self.crop_padding + 1
-            out["dy"] = torch.randint(0, side, (batch,), device=device)
-            out["dx"] = torch.randint(0, side, (batch,), device=device)
+            out["dy"] = torch.randint(0, side, (batch,), device=where, generator=generator)
+            out["dx"] = torch.randint(0, side, (batch,), device=where, generator=generator)
         if self.hflip:
-            out["flip"] = torch.rand(batch, device=device) < 0.5
+            out["flip"] = torch.rand(batch, device=where, generator=generator) < 0.5
         if self.cutout_size > 0:
-            out["cy"] = torch.randint(0, int(size[0]), (batch,), device=device)
-            out["cx"] = torch.randint(0, int(size[1]), (batch,), device=device)
-        return out
+            out["cy"] = torch.randint(0, int(size[0]), (batch,), device=where, generator=generator)
+            out["cx"] = torch.randint(0, int(size[1]), (batch,), device=where, generator=generator)
+        return {k: v.to(device) for k, v in out.items()} if generator is not None else out
 
     def apply(self, x: Tensor, choices: dict[str, Tensor] | None = None) -> Tensor:
         """The transform with the given random ``choices`` (:meth:`draw`; ``None``: an evaluation batch)."""

@@ -18,6 +18,7 @@ generator seeded by (seed, round, client), so a round's batches do not depend on
 
 from __future__ import annotations
 
+import collections
 import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -162,7 +163,11 @@ class RoundBatches:
     with ``group=n``, a :class:`ClientGroup` of up to ``n`` consecutive clients per item (the batched engine).
 
     Shuffling uses a generator seeded by (seed, round, client), so a round's batches do not depend on what ran
-    before it; that is what makes an interrupted run resume bit-for-bit. When ``x`` is a :class:`DatasetReader`
+    before it; that is what makes an interrupted run resume bit-for-bit. With ``flat=True`` each yielded batch also
+    queues its own augmentation seed, (seed, round, client, its position) in :attr:`augment_seeds`: batches are
+    transformed after Lightning moves them, before the step's hooks, where the global generator still holds the
+    previous client's draws, so the datamodule takes the batch's seed from the queue (Lightning transfers batches in
+    the order it fetched them, whatever it fetches ahead). When ``x`` is a :class:`DatasetReader`
     (data too large for memory) the same positions are read through its ``DataLoader``, only for the round's clients.
 
     Args:
@@ -199,6 +204,8 @@ class RoundBatches:
         self.drop_last = drop_last
         self.seed = seed
         self.flat = flat
+        #: With ``flat``, the augmentation seed of each batch yielded and not yet taken, oldest first.
+        self.augment_seeds: collections.deque[int] = collections.deque()
 
     def __len__(self) -> int:
         if self.group is not None:
@@ -216,7 +223,10 @@ class RoundBatches:
             while group := list(itertools.islice(clients, self.group)):
                 yield ClientGroup(group)
         elif self.flat:
-            yield from self.batches()
+            self.augment_seeds.clear()
+            for seed, batch in zip(self._batch_seeds(), self.batches(), strict=True):
+                self.augment_seeds.append(seed)
+                yield batch
         elif isinstance(self.x, DatasetReader):
             # client -1: an empty update that keeps processes in step (Federation.local_plan)
             per_client = [self._index_batches(c) if c >= 0 else [] for c in self.plan.clients]
@@ -247,6 +257,13 @@ class RoundBatches:
             perm = torch.randperm(n, generator=gen)
             for start in range(0, stop, bs):
                 yield perm[start : start + bs]
+
+    def _batch_seeds(self) -> Iterator[int]:
+        """The augmentation seed of every local batch of the round, in :meth:`batches`' order."""
+        for client in self.plan.clients:
+            n = self.client_indices[client].numel()
+            for pos in range(client_steps(n, self.batch_size, self.plan.local_epochs, self.drop_last)):
+                yield round_seed(self.seed, self.plan.round, client, 3, pos)
 
     def _index_batches(self, client: int) -> list[list[int]]:
         """The client's local batches as lists of positions in ``x``."""

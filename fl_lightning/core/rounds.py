@@ -60,6 +60,8 @@ class RoundPlanner(Protocol):
     client_batches: bool
     #: Clients per training batch for the batched engine (``None``: one client, or one step, per batch).
     client_group: int | None
+    #: Seed of client sampling, local shuffling and augmentation.
+    seed: int
 
     def local_plan(self, round_idx: int) -> RoundPlan:
         """The clients this process trains in round ``round_idx``."""
