@@ -27,9 +27,10 @@ from torch import Tensor, nn
 
 from fl_lightning.core.augment import BatchTransform
 from fl_lightning.core.batches import ClientBatches, ClientGroup
-from fl_lightning.core.context import ClientContext
+from fl_lightning.core.context import ClientContext, checked_upload
 from fl_lightning.core.evaluation import Evaluation
 from fl_lightning.core.gpu_memory import PeakMemory, StackedMemory
+from fl_lightning.core.messages import first_line
 from fl_lightning.core.stacked_sgd import SGDSettings
 from fl_lightning.core.stacking import (
     ClientRNG,
@@ -122,10 +123,15 @@ class BatchedClients(ClientExecutor):
                 return self._train_stacks(trainer, positions, module, group)
             except NotBatchable as err:
                 reason = str(err)
+            except torch.OutOfMemoryError as err:  # not the method's fault: fewer clients at once would fit
+                raise torch.OutOfMemoryError(
+                    f"the batched engine's step of {len(positions)} stacked clients ran out of GPU memory; lower "
+                    f"--federation.group_size or --federation.memory_budget_gb ({first_line(err)})"
+                ) from err
             except Exception as err:  # noqa: BLE001 - a loss or network vmap cannot run: say so, train sequentially
                 if rnd.done != done:  # clients of this group already reached the round: nothing to redo
                     raise
-                first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                first = first_line(err)
                 reason = f"the stacked step failed ({type(err).__name__}: {first[:200]})"
             self.fallback = reason
             module.client = None
@@ -236,7 +242,7 @@ class BatchedClients(ClientExecutor):
                         bound_attributes(module, members[i].attributes),
                         rng.active() if rng is not None else contextlib.nullcontext(),
                     ):
-                        upload = module.on_client_end(ctx) or {}
+                        upload = checked_upload(type(module).__name__, module.on_client_end(ctx))
                 loss = result.losses[k]
                 losses.append(loss)
                 self.end_client(module, positions[i], ctx, loss, weights, upload)

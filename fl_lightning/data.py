@@ -349,8 +349,9 @@ class FederatedDataModule(L.LightningDataModule):
         mean, std = stats if stats is not None else (None, None)
         self.transform = BatchTransform(mean, std, crop, flip, cut, image=self.is_image)
         sizes = [int(idx.numel()) for idx in self.client_indices]
+        held = f", {sum(sizes)} of them" if sum(sizes) < len(self.train_y) else ""  # a partition may leave some out
         rank_zero_info(
-            f"{self.dataset}: {len(self.train_y)} training samples over {self.num_clients} clients "
+            f"{self.dataset}: {len(self.train_y)} training samples{held} over {self.num_clients} clients "
             f"({self.partition_label}; sizes {min(sizes)}-{max(sizes)}), "
             f"{len(self.aux_y)} held out for the server, {len(self._test.y)} test samples"
             + (" (streamed)" if self.streaming else "")

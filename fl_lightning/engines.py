@@ -21,6 +21,8 @@ from torch.func import functional_call, vmap
 from fl_lightning.batched import BatchedClients
 from fl_lightning.core.evaluation import Evaluation
 from fl_lightning.core.gpu_memory import GIB, MIB, PeakMemory, fitting_group, memory_budget
+from fl_lightning.core.messages import first_line
+from fl_lightning.core.models import in_mode
 from fl_lightning.core.stacked_conv import lowered_convolutions
 from fl_lightning.core.stacking import overrides, stacked_state
 from fl_lightning.core.state import ClientStateStore
@@ -172,9 +174,7 @@ def memory_group(
     """
     sample = datamodule.input_sample(module.device)
     peaks = []
-    was_training = module.training
-    module.train()
-    try:
+    with in_mode(module, training=True):
         for k in (1, 2):
             with PeakMemory(module.device) as peak:
                 params, buffers = stacked_state(module, k)
@@ -192,8 +192,6 @@ def memory_group(
                 momentum = [g.clone() for g in grads if g is not None]
                 del total, grads, momentum, params, buffers, x, y
             peaks.append(peak.bytes)
-    finally:
-        module.train(was_training)
     per_client = MEMORY_MARGIN * max(peaks[1] - peaks[0], 1)
     base = max(peaks[0] - (peaks[1] - peaks[0]), 0)
     return fitting_group(budget, base, per_client, clients), base, per_client
@@ -240,18 +238,14 @@ def batching_refusal(
 def network_refusal(module: nn.Module, sample: Tensor) -> str | None:
     """Why the module's network cannot run stacked under ``vmap`` on inputs like ``sample`` (``None``: it can)."""
     params, buffers = stacked_state(module, 2)
-    was_training = module.training
-    module.train()
     try:
-        with torch.no_grad():
+        with in_mode(module, training=True), torch.no_grad():
             vmap(lambda p, b, x: functional_call(module, {**p, **b}, (x,)), randomness="error")(
                 params, buffers, sample.expand(2, 2, *sample.shape)
             )
     except Exception as err:  # noqa: BLE001 - any failure means: train it sequentially, and say why
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        first = first_line(err)
         return f"its network cannot run under torch.func.vmap ({first[:160]})"
-    finally:
-        module.train(was_training)
     return None
 
 

@@ -25,10 +25,11 @@ from typing_extensions import override
 
 from fl_lightning import rules
 from fl_lightning.core import faults
-from fl_lightning.core.context import ServerContext
+from fl_lightning.core.context import ServerContext, checked_payload
 from fl_lightning.core.distributed import end_process_group_at_exit, is_distributed, rank_and_world, to_device
 from fl_lightning.core.evaluation import Evaluation
 from fl_lightning.core.gpu_memory import GIB, MIB, StackedMemory, fitting_group
+from fl_lightning.core.messages import require
 from fl_lightning.core.rounds import RoundPlan, RoundState, num_sampled, process_share
 from fl_lightning.core.run_lock import RunDirClaim
 from fl_lightning.core.rundir import check_checkpoint_file
@@ -127,18 +128,18 @@ class Federation(Callback, FederatedServer):
         FederatedServer.__init__(
             self, rounds, sample_ratio, local_epochs, aggregation, lr_decay, eval_every, seed, opt, client_state_mb
         )
-        _require(collapse_rounds is None or collapse_rounds > 0, f"collapse_rounds must be >= 1, got {collapse_rounds}")
-        _require(engine in ENGINES, f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
-        _require(group_size is None or group_size >= 1, f"group_size must be at least 1 (or None), got {group_size}")
-        _require(
+        require(collapse_rounds is None or collapse_rounds > 0, f"collapse_rounds must be >= 1, got {collapse_rounds}")
+        require(engine in ENGINES, f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+        require(group_size is None or group_size >= 1, f"group_size must be at least 1 (or None), got {group_size}")
+        require(
             step_capture in CAPTURE_MODES,
             f"step_capture must be one of {', '.join(CAPTURE_MODES)}, got {step_capture!r}",
         )
-        _require(
+        require(
             memory_budget_gb is None or memory_budget_gb > 0,
             f"memory_budget_gb must be above 0 (or None), got {memory_budget_gb}",
         )
-        _require(
+        require(
             stacked_conv in STACKED_CONVS,
             f"stacked_conv must be one of {', '.join(STACKED_CONVS)}, got {stacked_conv!r}",
         )
@@ -284,7 +285,7 @@ class Federation(Callback, FederatedServer):
             plan, weights, global_weights={}, param_keys=keys, state=self.server_state, device=pl_module.device
         )
         hooks = pl_module if isinstance(pl_module, FederatedHooks) else None
-        payload = hooks.on_round_start(server) if hooks is not None else {}
+        payload = checked_payload(type(hooks).__name__, hooks.on_round_start(server)) if hooks is not None else {}
         # Snapshot after the hook, so that whatever it set in the module reaches every client of the round.
         server.global_weights = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
         self._round = RoundState(
@@ -481,8 +482,3 @@ def _checked_data(trainer: L.Trainer, pl_module: L.LightningModule) -> Federated
     rules.check_pieces(trainer, pl_module, dm, hooks.holdout_per_class_required if hooks is not None else 0)
     trainer.reload_dataloaders_every_n_epochs = 1  # type: ignore[attr-defined]  # assigned by Lightning
     return dm
-
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ValueError(message)

@@ -7,7 +7,7 @@ See ``docs/source/methods.md`` (the project's specification) for the exact equat
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, cast
 
 import torch
@@ -17,7 +17,8 @@ from torch.func import functional_call
 
 from fl_lightning.core import losses
 from fl_lightning.core.context import ClientContext, ServerContext
-from fl_lightning.core.models import require_features
+from fl_lightning.core.models import in_mode, require_features
+from fl_lightning.core.registry import Registry, named_subclass
 from fl_lightning.module import FedAvg, frozen_forward, has_batch_norm
 
 
@@ -190,13 +191,11 @@ class FedSSD(FedAvg):
         """Credibility matrix of the global model on (up to ``aux_per_class`` per class of) the holdout."""
         keep = _first_per_class(server.aux_y, self.aux_per_class)
         aux = ServerContext(**{**server.__dict__, "aux_x": server.aux_x[keep], "aux_y": server.aux_y[keep]})
-        was_training = self.training
-        self.eval()
         preds, targets = [], []
-        for xb, yb in aux.aux_batches():
-            preds.append(self(xb).argmax(1))
-            targets.append(yb)
-        self.train(was_training)
+        with in_mode(self, training=False):
+            for xb, yb in aux.aux_batches():
+                preds.append(self(xb).argmax(1))
+                targets.append(yb)
         matrix = losses.credibility_matrix(torch.cat(preds), torch.cat(targets), server.num_classes)
         return {"credibility": matrix}
 
@@ -432,26 +431,45 @@ def _first_per_class(labels: Tensor, k: int) -> Tensor:
 # per state: cheap to checkpoint, to reduce over clients, and to split into per-parameter views).
 
 
+def _trainable(module: nn.Module) -> list[tuple[str, Tensor]]:
+    """The module's trainable parameters (``requires_grad``) by name, in ``named_parameters()`` order.
+
+    The parameters a local step updates and :meth:`~fl_lightning.module.FederatedHooks.local_gradient` receives
+    gradients for: a frozen parameter has no control variate, Fisher or dual variable.
+    """
+    return [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+
+
+def _named(module: nn.Module, names: Iterable[str]) -> list[Tensor]:
+    """``module``'s parameters of these ``names``, in their order.
+
+    Inside a stacked step ``requires_grad`` of a bound parameter does not say whether it is trained: a loss takes the
+    names :func:`_trainable` chose outside it, in ``on_client_start``.
+    """
+    params = dict(module.named_parameters())
+    return [params[name] for name in names]
+
+
 def _param_vector(module: nn.Module) -> Tensor:
     """The module's trainable parameters, flattened and concatenated (detached)."""
-    return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
+    return torch.cat([p.detach().reshape(-1) for _, p in _trainable(module)])
 
 
 def _state_vector(state: Mapping[str, Tensor], module: nn.Module) -> Tensor:
-    """The entries of a state dict that are ``module``'s parameters, flattened in ``named_parameters()`` order."""
-    return torch.cat([state[name].detach().reshape(-1) for name, _ in module.named_parameters()])
+    """The entries of a state dict that are ``module``'s trainable parameters, flattened in :func:`_trainable` order."""
+    return torch.cat([state[name].detach().reshape(-1) for name, _ in _trainable(module)])
 
 
 def _param_views(vector: Tensor, module: nn.Module) -> list[Tensor]:
-    """``vector`` split into views shaped like ``module``'s parameters (no copy)."""
-    shapes = [p.shape for p in module.parameters()]
+    """``vector`` split into views shaped like ``module``'s trainable parameters (no copy)."""
+    shapes = [p.shape for _, p in _trainable(module)]
     return [v.view(shape) for v, shape in zip(vector.split([s.numel() for s in shapes]), shapes, strict=True)]
 
 
 def _with_params(state: Mapping[str, Tensor], vector: Tensor, module: nn.Module) -> dict[str, Tensor]:
-    """A copy of ``state`` whose parameter entries are taken from ``vector`` (buffers kept)."""
+    """A copy of ``state`` whose trainable parameters' entries are taken from ``vector`` (the rest kept)."""
     out = dict(state)
-    for (name, _), value in zip(module.named_parameters(), _param_views(vector, module), strict=True):
+    for (name, _), value in zip(_trainable(module), _param_views(vector, module), strict=True):
         out[name] = value.to(state[name].dtype)
     return out
 
@@ -577,27 +595,31 @@ class FedDyn(FedAvg):
             raise ValueError(f"FedDyn needs alpha > 0, got {alpha}")
         super().__init__(**kwargs)
         self.alpha = alpha
-        self._global_params: list[Tensor] = []
-        self._h_k: Tensor | None = None
+        # By trainable parameter's name (set outside the step, where requires_grad tells which are trainable).
+        self._global_params: dict[str, Tensor] = {}
+        self._h_k: dict[str, Tensor] | None = None
 
     def on_client_start(self, client: ClientContext) -> None:
         """Keep w_g and this client's h_k (``None`` before its first round: no linear term)."""
-        self._global_params = [client.global_weights[name] for name, _ in self.named_parameters()]
+        names = [name for name, _ in _trainable(self)]
+        self._global_params = {name: client.global_weights[name] for name in names}
         h_k = client.state.get("h")
-        self._h_k = None if h_k is None else h_k.to(self.device)
+        self._h_k = None if h_k is None else dict(zip(names, _param_views(h_k.to(self.device), self), strict=True))
 
     def client_loss(self, x: Tensor, y: Tensor) -> Tensor:
         """CE − ⟨h_k, w⟩ + (α/2)·‖w − w_g‖²."""
-        params = list(self.parameters())
-        loss = F.cross_entropy(self(x), y) + 0.5 * self.alpha * losses.prox_term(params, self._global_params)
+        params = _named(self, self._global_params)
+        loss = F.cross_entropy(self(x), y)
+        loss = loss + 0.5 * self.alpha * losses.prox_term(params, list(self._global_params.values()))
         if self._h_k is not None:
-            loss = loss + losses.feddyn_linear_term(params, _param_views(self._h_k, self))
+            loss = loss + losses.feddyn_linear_term(params, list(self._h_k.values()))
         return loss
 
     def on_client_end(self, client: ClientContext) -> dict[str, Tensor]:
         """h_k ← h_k − α·(w_k − w_g); upload the change."""
         delta_h = -self.alpha * (_param_vector(self) - _state_vector(client.global_weights, self))
-        client.state["h"] = delta_h if self._h_k is None else self._h_k + delta_h
+        h_k = None if self._h_k is None else torch.cat([v.reshape(-1) for v in self._h_k.values()])
+        client.state["h"] = delta_h if h_k is None else h_k + delta_h
         return {"delta_h": delta_h}
 
     def server_update(
@@ -744,7 +766,7 @@ class FedCurv(FedAvg):
         super().__init__(**kwargs)
         self.lam = lam
         self.fisher_samples = fisher_samples
-        self._sums: list[list[Tensor]] | None = None
+        self._sums: list[dict[str, Tensor]] | None = None  # by trainable parameter's name, as FedDyn's
 
     def on_round_start(self, server: ServerContext) -> dict[str, Any]:
         """Send the previous round's sums (``None`` in round 0)."""
@@ -760,14 +782,16 @@ class FedCurv(FedAvg):
         if client.state.get("round") == client.round - 1:
             f_k, w_k = client.state["fisher"].to(self.device), client.state["weights"].to(self.device)
             f, fw, fw2 = f - f_k, fw - f_k * w_k, fw2 - f_k * w_k * w_k
-        self._sums = [_param_views(s, self) for s in (f, fw, fw2)]
+        names = [name for name, _ in _trainable(self)]
+        self._sums = [dict(zip(names, _param_views(s, self), strict=True)) for s in (f, fw, fw2)]
 
     def client_loss(self, x: Tensor, y: Tensor) -> Tensor:
         """CE + λ·fedcurv_penalty."""
         loss = F.cross_entropy(self(x), y)
         if self._sums is None:
             return loss
-        return loss + self.lam * losses.fedcurv_penalty(list(self.parameters()), *self._sums)
+        sums = [list(s.values()) for s in self._sums]
+        return loss + self.lam * losses.fedcurv_penalty(_named(self, self._sums[0]), *sums)
 
     def on_client_end(self, client: ClientContext) -> dict[str, Tensor]:
         """Estimate F_k on s local samples; keep F_k and w_k; upload F_k, F_k ⊙ w_k, F_k ⊙ w_k²."""
@@ -779,7 +803,7 @@ class FedCurv(FedAvg):
         # Per-sample gradients take chunk x model size: at most 64 samples and about 2^28 floats (1 GiB) at a time.
         chunk = max(1, min(64, 2**28 // max(1, sum(p.numel() for p in self.net.parameters()))))
         fisher = losses.diagonal_fisher(self.net, inputs, y.to(self.device), batch_size=chunk)
-        f_k = torch.cat([fisher[name[len("net.") :]].reshape(-1) for name, _ in self.named_parameters()])
+        f_k = torch.cat([fisher[name[len("net.") :]].reshape(-1) for name, _ in _trainable(self)])
         w_k = _param_vector(self).float()
         client.state.update(fisher=f_k, weights=w_k, round=client.round)
         return {"fisher": f_k, "fisher_w": f_k * w_k, "fisher_w2": f_k * w_k * w_k}
@@ -792,23 +816,27 @@ class FedCurv(FedAvg):
         return average
 
 
-METHODS: dict[str, type[FedAvg]] = {
-    cls.method_name: cls
-    for cls in (
-        FedAvg,
-        KD,
-        FedNTD,
-        FedLMD,
-        FedLMDTf,
-        FedSSD,
-        FedCAD,
-        FedKA,
-        FedProx,
-        FedRS,
-        SCAFFOLD,
-        FedDyn,
-        MOON,
-        FedNova,
-        FedCurv,
-    )
-}
+METHODS: Registry[type[FedAvg]] = Registry(
+    "METHODS",
+    named_subclass(FedAvg, "method_name"),
+    {
+        cls.method_name: cls
+        for cls in (
+            FedAvg,
+            KD,
+            FedNTD,
+            FedLMD,
+            FedLMDTf,
+            FedSSD,
+            FedCAD,
+            FedKA,
+            FedProx,
+            FedRS,
+            SCAFFOLD,
+            FedDyn,
+            MOON,
+            FedNova,
+            FedCurv,
+        )
+    },
+)

@@ -391,9 +391,9 @@ class FedAvg(FederatedHooks, L.LightningModule):
             raise
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        """Local SGD; its state is reset at the start of every client's update."""
+        """Local SGD over the trainable parameters; its state is reset at the start of every client's update."""
         return torch.optim.SGD(
-            self.parameters(),
+            [p for p in self.parameters() if p.requires_grad],
             lr=self.hparams["lr"],
             momentum=self.hparams["momentum"],
             weight_decay=self.hparams["weight_decay"],

@@ -562,3 +562,28 @@ def test_baseline_configs_exist_and_name_the_method():
         assert config["data"]["alpha"] == 0.05
     compare = yaml.safe_load((root / "configs/compare/fmnist_ntd_setting.yaml").read_text())
     assert set(BASELINES) <= set(compare["methods"])
+
+
+@pytest.mark.parametrize("name", ["scaffold", "feddyn", "fednova", "fedcurv"])
+def test_a_frozen_parameter_stays_out_of_a_methods_parameter_state(tmp_path: Path, name: str) -> None:
+    """Control variates, dual variables and Fisher cover the trainable parameters: a frozen layer trains as FedAvg's."""
+    from helpers import bare_trainer
+
+    from fl_lightning import FederatedDataModule, Federation
+    from fl_lightning.core.models import build_model
+
+    finals = []
+    for engine in ("sequential", "batched"):
+        torch.manual_seed(0)
+        net = build_model("lenet", 1, 8, 10)
+        frozen = next(net.parameters()).requires_grad_(False)
+        before = frozen.detach().clone()
+        model = METHODS[name](net=net, lr=0.05)
+        dm = FederatedDataModule("digits", num_clients=4, batch_size=64)
+        fed = Federation(rounds=2, engine=engine, plots=False)
+        bare_trainer(tmp_path / engine, fed).fit(model, datamodule=dm)
+        assert fed.engine_used == engine  # batched, not a fallback to sequential
+        assert torch.equal(frozen.detach(), before)
+        finals.append(model.state_dict())
+    for key, value in finals[0].items():
+        torch.testing.assert_close(finals[1][key], value, atol=1e-5, rtol=1e-5)

@@ -505,6 +505,17 @@ def test_found_unbatchable_in_the_round_say_why_and_train_sequentially(
     assert_same_federation(batched, run(tmp_path, "sequential", method, rounds=2), ran="sequential")
 
 
+def test_running_out_of_gpu_memory_is_not_a_fallback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An out-of-memory step is raised with what to lower, not trained sequentially as if the method could not stack."""
+
+    def out_of_memory(*args: Any, **kwargs: Any) -> None:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(batched_engine.BatchedClients, "_train_stacks", out_of_memory)
+    with pytest.raises(torch.OutOfMemoryError, match="stacked clients ran out of GPU memory; lower --federation.group"):
+        run(tmp_path, "batched", rounds=1)
+
+
 # ---- 11. auto and arguments --------------------------------------------------------------------------------------
 
 

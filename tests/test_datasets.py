@@ -250,6 +250,22 @@ def test_cinic10_and_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
         load_dataset("cinic10", str(tmp_path))
 
 
+def test_cinic10_cache_sees_a_file_moved_between_classes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Same counts, one image relabelled: the cache no longer matches and the files are decoded again."""
+    make_cinic(tmp_path / "cinic-10", {"train": 2, "test": 1})
+    first = load_dataset("cinic10", str(tmp_path))
+    train = tmp_path / "cinic-10" / "train"
+    (train / "airplane" / "airplane-0.png").rename(train / "automobile" / "moved.png")
+    (train / "automobile" / "automobile-0.png").rename(train / "airplane" / "moved.png")
+    decoded: list[int] = []
+    decode = datasets._decode_images
+    monkeypatch.setattr(datasets, "_decode_images", lambda paths: decoded.append(len(paths)) or decode(paths))
+    again = load_dataset("cinic10", str(tmp_path))
+    assert decoded == [20, 10]
+    assert again.train_y.tolist() == first.train_y.tolist()  # the same counts per class, other images
+    assert not torch.equal(again.train_x, first.train_x)
+
+
 def test_cinic10_unwritable_folder_skips_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     make_cinic(tmp_path, {"train": 1, "test": 1})
 

@@ -489,3 +489,79 @@ def test_cli_partition_object_tiny_run_and_resume(tmp_path):
         cli_main(fit(2, "--data.partition.init_args.shards_per_client", "3", "--ckpt_path", "last"))
     cli_main(fit(2, "--ckpt_path", "last"))
     assert read_summary(run_dir)["rounds"] == 2
+
+
+# ---- a user's partitioner: its result and its registration are checked ------------------------------------------------
+
+
+class _Returns(Partitioner):
+    """Returns what it is given, whatever the labels."""
+
+    def __init__(self, parts=None) -> None:
+        self.parts = parts
+
+    def __call__(self, labels, num_clients, seed=0):
+        return self.parts
+
+
+_N = 1437  # digits' training samples
+
+
+@pytest.mark.parametrize(
+    ("parts", "match"),
+    [
+        ([np.arange(0, 700), np.arange(600, _N)] + [np.arange(i, i + 1) for i in range(3)], "more than one client"),
+        ([np.arange(_N)], "returned 1 index arrays for 5 clients"),
+        (None, "returned NoneType for 5 clients"),
+        (
+            [np.arange(5) + 10**6] + [np.arange(i, i + 1) for i in range(4)],
+            "index 1000004, outside the 1437 training samples",
+        ),
+        ([np.arange(-1, 3)] + [np.arange(i, i + 1) + 10 for i in range(4)], "index -1"),
+        ([np.linspace(0, 9, 5)] + [np.arange(i, i + 1) + 10 for i in range(4)], "client 0 a float64 array"),
+    ],
+    ids=["overlap", "count", "none", "above", "below", "floats"],
+)
+def test_a_partitioners_result_is_checked_at_setup(parts, match):
+    dm = _digits(partition=_Returns(parts))
+    with pytest.raises(ValueError, match=match) as err:
+        dm.setup("fit")
+    assert "\n" not in str(err.value)
+
+
+def test_a_partition_may_leave_samples_out_and_says_how_many_it_holds(caplog):
+    parts = [np.arange(i * 100, i * 100 + 50) for i in range(5)]
+    dm = _digits(partition=_Returns(parts))
+    with caplog.at_level("INFO"):
+        dm.setup("fit")
+    assert dm.client_sizes == [50] * 5
+    assert "1437 training samples, 250 of them over 5 clients" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("name", "entry", "error", "match"),
+    [
+        ("iid", Shard, ValueError, "already has 'iid'.*del PARTITIONERS\\['iid'\\]"),
+        ("mine", lambda labels, num_clients, seed=0: [], TypeError, "must be a subclass of Partitioner"),
+        ("mine", Shard(2), TypeError, "the class itself, not an instance"),
+        ("mine", Shard, TypeError, "registered under its name 'shard'"),
+    ],
+    ids=["taken", "function", "instance", "other-name"],
+)
+def test_partitioners_registry_refuses_wrong_entries(name, entry, error, match):
+    with pytest.raises(error, match=match):
+        PARTITIONERS[name] = entry
+    assert list(PARTITIONERS) == ["iid", "dirichlet", "shard", "classes_per_client", "given"]
+
+
+def test_a_registered_partitioner_is_used_by_name(monkeypatch):
+    class Halves(_Returns):
+        name = "halves"
+
+        def __call__(self, labels, num_clients, seed=0):
+            return np.array_split(np.arange(len(labels)), num_clients)
+
+    monkeypatch.setitem(PARTITIONERS, "halves", Halves)
+    dm = _digits(partition="halves", num_clients=2)
+    dm.setup("fit")
+    assert dm.client_sizes == [719, 718]

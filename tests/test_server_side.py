@@ -82,3 +82,42 @@ def test_client_state_store_spills_past_its_budget(tmp_path) -> None:
     assert torch.equal(restored.get(1)["c"], torch.ones(256)) and len(restored) == 2
     with pytest.raises(ValueError, match="spill"):
         ClientStateStore(max_memory_mb=1)
+
+
+class _Returns(FedAvg):
+    """A method whose hooks return what the test sets (``None`` where a hook keeps its default)."""
+
+    payload: Any = None
+    upload: Any = None
+    update: Any = None
+
+    def on_round_start(self, server: ServerContext) -> Any:
+        return {} if self.payload is None else self.payload
+
+    def on_client_end(self, client: ClientContext) -> Any:
+        return self.upload
+
+    def server_update(self, server: ServerContext, average: Any, uploads: Any) -> Any:
+        return average if self.update is None else self.update(average)
+
+
+@pytest.mark.parametrize("engine", ["sequential", "batched"])
+@pytest.mark.parametrize(
+    ("hook", "value", "match"),
+    [
+        ("payload", [1], "Wrong.on_round_start must return a dict .* got \\[1\\]"),
+        ("upload", torch.tensor(1.0), "Wrong.on_client_end must return a dict of tensors .* got tensor\\(1.\\)"),
+        ("upload", {"seen": 1.0}, "on_client_end must return a dict of tensors .*; 'seen' is float 1.0"),
+        ("update", lambda average: None, "Wrong.server_update must return the new global state dict .* got None"),
+        ("update", lambda average: dict(list(average.items())[1:]), "server_update .*; missing \\['net\\."),
+    ],
+    ids=["payload-list", "upload-tensor", "upload-float", "update-none", "update-missing-key"],
+)
+def test_a_hook_returning_the_wrong_type_is_named_in_one_line(tmp_path, hook, value, match, engine) -> None:
+    class Wrong(_Returns):
+        pass
+
+    setattr(Wrong, hook, value if hook != "update" else staticmethod(value))
+    with pytest.raises(TypeError, match=match) as err:
+        tiny_run(tmp_path, method=Wrong, rounds=1, fed_kwargs={"engine": engine})
+    assert "\n" not in str(err.value)

@@ -10,12 +10,14 @@ reduced over the round's clients and handed to ``server_update``. State that out
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from fl_lightning.core.messages import short
 
 
 def _batches(
@@ -121,3 +123,59 @@ class ClientContext:
     def batches(self, batch_size: int = 1024) -> Iterator[tuple[Tensor, Tensor]]:
         """The client's own data, normalised and not augmented, as batches on the training device."""
         return _batches(self.x, self.y, self.transform, self.device, batch_size)
+
+
+def checked_payload(method: str, payload: Any) -> dict[str, Any]:
+    """What ``method``'s ``on_round_start`` returned, refused in one line unless it is a dict.
+
+    >>> checked_payload("Mine", [1])
+    Traceback (most recent call last):
+    ...
+    TypeError: Mine.on_round_start must return a dict (every client of the round receives it as client.server), got [1]
+    """
+    if not isinstance(payload, Mapping):
+        raise TypeError(
+            f"{method}.on_round_start must return a dict (every client of the round receives it as client.server), "
+            f"got {short(payload)}"
+        )
+    return dict(payload)
+
+
+def checked_upload(method: str, upload: Any) -> Mapping[str, Tensor]:
+    """What ``method``'s ``on_client_end`` returned (``None``: nothing), refused in one line unless a dict of tensors.
+
+    >>> checked_upload("Mine", {"seen": 1.0})
+    Traceback (most recent call last):
+    ...
+    TypeError: Mine.on_client_end must return a dict of tensors (the client's upload) or None; 'seen' is float 1.0
+    """
+    if upload is None:
+        return {}
+    where = f"{method}.on_client_end must return a dict of tensors (the client's upload) or None"
+    if not isinstance(upload, Mapping):
+        raise TypeError(f"{where}, got {short(upload)}")
+    for key, value in upload.items():
+        if not isinstance(key, str) or not isinstance(value, Tensor):
+            raise TypeError(f"{where}; {key!r} is {type(value).__name__} {short(value)}")
+    return upload
+
+
+def checked_weights(method: str, weights: Any, average: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """What ``method``'s ``server_update`` returned, refused in one line unless a state dict with ``average``'s keys.
+
+    >>> checked_weights("Mine", None, {"w": torch.zeros(1)})
+    Traceback (most recent call last):
+    ...
+    TypeError: Mine.server_update must return the new global state dict (the keys of `average`), got None
+    """
+    where = f"{method}.server_update must return the new global state dict (the keys of `average`)"
+    if not isinstance(weights, Mapping):
+        raise TypeError(f"{where}, got {short(weights)}")
+    missing, extra = sorted(set(average) - set(weights)), sorted(set(weights) - set(average))
+    if missing or extra:
+        keys = [f"{what} {names[:5]}" for what, names in (("missing", missing), ("unexpected", extra)) if names]
+        raise TypeError(f"{where}; {', '.join(keys)}")
+    wrong = next((k for k, v in weights.items() if not isinstance(v, Tensor)), None)
+    if wrong is not None:
+        raise TypeError(f"{where}; {wrong!r} is {type(weights[wrong]).__name__}, not a tensor")
+    return dict(weights)

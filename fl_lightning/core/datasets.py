@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import hashlib
 import os
 import pickle
 import sys
@@ -18,13 +19,16 @@ import torch
 from PIL import Image
 
 from fl_lightning.core.augment import input_stats
+from fl_lightning.core.files import atomic_path
+from fl_lightning.core.messages import short
+from fl_lightning.core.registry import Registry
 
 #: Folder used when ``root`` is not given.
 DEFAULT_ROOT = "./data"
 
 #: Name of the decoded-tensor cache written next to image-folder datasets.
 CACHE_NAME = "fl_lightning_cache.pt"
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2  # 2: the fingerprint holds a digest of the files
 
 _IDX_IMAGES_MAGIC = 2051
 _IDX_LABELS_MAGIC = 2049
@@ -358,14 +362,29 @@ def _decode_images(paths: Sequence[Path]) -> torch.Tensor:
     return torch.from_numpy(out).permute(0, 3, 1, 2).contiguous()
 
 
+def _files_digest(directory: Path, splits: dict[str, tuple[list[Path], list[int]]]) -> str:
+    """A digest of each split's image files as they are now: relative path, size, modification time, label."""
+    digest = hashlib.sha256()
+    for split in ("train", "test"):
+        for path, label in zip(*splits[split], strict=True):
+            stat = path.stat()
+            digest.update(f"{split}|{path.relative_to(directory)}|{stat.st_size}|{stat.st_mtime_ns}|{label}\n".encode())
+    return digest.hexdigest()
+
+
 def _cached_or_decoded(
     name: str,
     directory: Path,
     splits: dict[str, tuple[list[Path], list[int]]],
     num_classes: int,
 ) -> _Arrays:
-    """Decode the ``train`` and ``test`` splits, or reuse the cache in ``directory`` when it matches the files."""
-    fingerprint = [len(splits["train"][0]), len(splits["test"][0]), num_classes]
+    """Decode the ``train`` and ``test`` splits, or reuse the cache in ``directory`` when it matches the files.
+
+    The cache matches when every image's path (relative to ``directory``), size, modification time and label are as
+    they were when it was written: a file moved to another class folder, replaced or edited is decoded again.
+    """
+    count = [len(splits["train"][0]), len(splits["test"][0])]
+    fingerprint = [*count, num_classes, _files_digest(directory, splits)]
     cache = directory / CACHE_NAME
     if cache.is_file():
         try:
@@ -378,7 +397,7 @@ def _cached_or_decoded(
                 return saved["train_x"], saved["train_y"], saved["test_x"], saved["test_y"], num_classes
         except Exception:  # noqa: BLE001 - an unreadable cache is rebuilt
             pass
-    total = fingerprint[0] + fingerprint[1]
+    total = count[0] + count[1]
     print(f"{name}: decoding {total} images from {directory} (cached afterwards in {cache})", file=sys.stderr)
     arrays: list[torch.Tensor] = []
     for split in ("train", "test"):
@@ -394,13 +413,8 @@ def _cached_or_decoded(
         "test_x": test_x,
         "test_y": test_y,
     }
-    tmp = cache.with_name(f"{CACHE_NAME}.{os.getpid()}.tmp")
-    try:
+    with contextlib.suppress(OSError), atomic_path(cache) as tmp:  # a read-only dataset folder: no cache
         torch.save(payload, tmp)
-        os.replace(tmp, cache)
-    except OSError:  # read-only dataset folder: no cache
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
     return train_x, train_y, test_x, test_y, num_classes
 
 
@@ -475,19 +489,31 @@ _load_cifar10 = _cifar_loader(
 )
 _load_cifar100 = _cifar_loader("cifar-100-python", ("train",), "test", b"fine_labels", 100, "CIFAR100")
 
+
 #: Every built-in dataset by name, the one place a dataset is registered (its loader and shape); add a
 #: :class:`DatasetInfo` here to make another name known to :func:`load_dataset` and ``--data.dataset``.
-DATASETS: dict[str, DatasetInfo] = {
-    info.name: info
-    for info in (
-        DatasetInfo("digits", _load_digits, channels=1, image_size=8, num_classes=10),
-        DatasetInfo("mnist", _load_mnist, channels=1, image_size=28, num_classes=10, searches_system=True),
-        DatasetInfo(
-            "fashion_mnist", _load_fashion_mnist, channels=1, image_size=28, num_classes=10, searches_system=True
-        ),
-        DatasetInfo("cifar10", _load_cifar10, channels=3, image_size=32, num_classes=10),
-        DatasetInfo("cifar100", _load_cifar100, channels=3, image_size=32, num_classes=100),
-        DatasetInfo("cinic10", _load_cinic10, channels=3, image_size=32, num_classes=10),
-        DatasetInfo("tinyimagenet", _load_tinyimagenet, channels=3, image_size=64, num_classes=200),
-    )
-}
+def _dataset_entry(name: str, entry: object) -> str | None:
+    """What is wrong with a :data:`DATASETS` entry, if anything."""
+    if not isinstance(entry, DatasetInfo):
+        return f"must be a DatasetInfo, got {short(entry)}"
+    return None if entry.name == name else f"must be registered under its name {entry.name!r}"
+
+
+DATASETS: Registry[DatasetInfo] = Registry(
+    "DATASETS",
+    _dataset_entry,
+    {
+        info.name: info
+        for info in (
+            DatasetInfo("digits", _load_digits, channels=1, image_size=8, num_classes=10),
+            DatasetInfo("mnist", _load_mnist, channels=1, image_size=28, num_classes=10, searches_system=True),
+            DatasetInfo(
+                "fashion_mnist", _load_fashion_mnist, channels=1, image_size=28, num_classes=10, searches_system=True
+            ),
+            DatasetInfo("cifar10", _load_cifar10, channels=3, image_size=32, num_classes=10),
+            DatasetInfo("cifar100", _load_cifar100, channels=3, image_size=32, num_classes=100),
+            DatasetInfo("cinic10", _load_cinic10, channels=3, image_size=32, num_classes=10),
+            DatasetInfo("tinyimagenet", _load_tinyimagenet, channels=3, image_size=64, num_classes=200),
+        )
+    },
+)

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fl_lightning.core.distributed import all_reduce_sum_
+from fl_lightning.core.models import in_mode
 
 Counts = dict[str, Tensor]
 
@@ -87,14 +88,12 @@ def evaluate(
     rank, world = shard
     if device is None:
         device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    was_training = model.training
-    model.eval()
     counts = {
         "loss": torch.zeros((), device=device, dtype=torch.float64),
         "correct": torch.zeros(num_classes, device=device, dtype=torch.float64),
         "total": torch.zeros(num_classes, device=device, dtype=torch.float64),
     }
-    with context if context is not None else contextlib.nullcontext():
+    with in_mode(model, training=False), context if context is not None else contextlib.nullcontext():
         for i, (xb, yb) in enumerate(batches):
             if i % world != rank:
                 continue
@@ -103,5 +102,4 @@ def evaluate(
             add_counts(counts, batch_counts(model(x), yb.to(device), num_classes))
     if world > 1:
         all_reduce_sum_(counts)
-    model.train(was_training)
     return Evaluation.from_counts(counts)

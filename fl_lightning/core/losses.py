@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fl_lightning.core.models import in_mode
+
 # A finite stand-in for −∞ in float32 logits: exp(_VERY_NEGATIVE − anything reasonable) is exactly 0, and neither it
 # nor a logsumexp over a row made only of it overflows.
 _VERY_NEGATIVE = -1e30
@@ -653,13 +655,9 @@ def diagonal_fisher(net: nn.Module, x: Tensor, y: Tensor, batch_size: int = 64) 
 
     per_sample = torch.func.vmap(torch.func.grad(sample_loss), in_dims=(None, 0, 0))
     total = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in params.items()}
-    was_training = net.training
-    net.eval()
-    try:
+    with in_mode(net, training=False):
         for start in range(0, len(y), batch_size):
             grads = per_sample(params, x[start : start + batch_size], y[start : start + batch_size])
             for n, g in grads.items():
                 total[n] += g.float().pow(2).sum(0)
-    finally:
-        net.train(was_training)
     return {n: t / len(y) for n, t in total.items()}

@@ -7,10 +7,14 @@ which MOON's projection head and feature-level methods use) and ``feature_dim``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor, nn
+
+from fl_lightning.core.messages import short
+from fl_lightning.core.registry import Registry
 
 #: An image side: one int for square images, or (height, width).
 ImageSize = int | tuple[int, int]
@@ -202,14 +206,13 @@ def resnet50(in_channels: int, image_size: ImageSize, num_classes: int) -> nn.Mo
 
 #: The networks built by name (``net="lenet"``, ``--model.net lenet``): name → builder
 #: ``(in_channels, image_size, num_classes) -> nn.Module``. Add an entry to build your own by name.
-MODELS: dict[str, Callable[[int, ImageSize, int], nn.Module]] = {
-    "lenet": lenet,
-    "cnn": cnn,
-    "tcnn": tcnn,
-    "resnet8": resnet8,
-    "resnet18": resnet18,
-    "resnet50": resnet50,
-}
+MODELS: Registry[Callable[[int, ImageSize, int], nn.Module]] = Registry(
+    "MODELS",
+    lambda name, entry: (
+        None if callable(entry) else f"must be a builder (in_channels, image_size, num_classes), got {short(entry)}"
+    ),
+    {"lenet": lenet, "cnn": cnn, "tcnn": tcnn, "resnet8": resnet8, "resnet18": resnet18, "resnet50": resnet50},
+)
 
 
 def build_model(name: str, in_channels: int, image_size: ImageSize, num_classes: int) -> nn.Module:
@@ -233,6 +236,17 @@ def build_model(name: str, in_channels: int, image_size: ImageSize, num_classes:
             f"got {in_channels}, {h}x{w}, {num_classes}"
         )
     return MODELS[name](in_channels, image_size, num_classes)
+
+
+@contextlib.contextmanager
+def in_mode(module: nn.Module, training: bool) -> Iterator[nn.Module]:
+    """``module`` in training (or evaluation) mode for the block, back in its own mode after it, even on an error."""
+    was_training = module.training
+    module.train(training)
+    try:
+        yield module
+    finally:
+        module.train(was_training)
 
 
 def require_features(net: nn.Module, method_name: str) -> None:

@@ -20,6 +20,8 @@ from typing import Any, ClassVar, cast
 
 import numpy as np
 
+from fl_lightning.core.registry import Registry, named_subclass
+
 Labels = Sequence[int] | np.ndarray
 
 
@@ -443,8 +445,13 @@ class Given(Partitioner):
         return parts
 
 
-#: Every partitioner by short name (``--data.partition NAME``).
-PARTITIONERS: dict[str, type[Partitioner]] = {p.name: p for p in (IID, Dirichlet, Shard, ClassesPerClient, Given)}
+#: Every partitioner by short name (``--data.partition NAME``): a :class:`Partitioner` subclass, built from its
+#: defaults and the datamodule's short options (``short_options``), under its class constant ``name``.
+PARTITIONERS: Registry[type[Partitioner]] = Registry(
+    "PARTITIONERS",
+    named_subclass(Partitioner, "name"),
+    {p.name: p for p in (IID, Dirichlet, Shard, ClassesPerClient, Given)},
+)
 
 
 def _short_defaults() -> dict[str, Any]:

@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from fl_lightning.core.files import DamagedCheckpoint, verify_checkpoint
+from fl_lightning.core.messages import first_line
 
 # The errors of run directories are defined beside the lock; importing them from here keeps working.
 from fl_lightning.core.run_lock import LOCK_NAME, RunDirError, move_claimed
@@ -294,7 +295,7 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as err:  # torch raises RuntimeError, EOFError, UnpicklingError, ... for a damaged file
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        reason = first_line(err)
         raise RunDirError(
             f"checkpoint {path} cannot be loaded ({reason}); it is damaged: resume from another checkpoint with "
             "--ckpt_path <file>, or start again with --overwrite"

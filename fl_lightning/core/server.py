@@ -16,8 +16,9 @@ from typing import Any
 from torch import Tensor
 
 from fl_lightning.core.aggregation import aggregation_weights
-from fl_lightning.core.context import ServerContext
+from fl_lightning.core.context import ServerContext, checked_weights
 from fl_lightning.core.distributed import to_device
+from fl_lightning.core.messages import require
 from fl_lightning.core.rounds import RoundPlan, RoundState, plan_round
 from fl_lightning.core.rundir import RunDirError, checkpoint_diff
 from fl_lightning.core.server_optim import ServerOptimizer, ServerSGD, server_optimizer_class
@@ -67,13 +68,13 @@ class FederatedServer:
         server_optimizer: ServerOptimizer | None = None,
         client_state_mb: float | None = None,
     ) -> None:
-        _require(rounds >= 1, f"rounds must be at least 1, got {rounds}")
-        _require(0 < sample_ratio <= 1, f"sample_ratio must be in (0, 1], got {sample_ratio}")
-        _require(local_epochs >= 1, f"local_epochs must be at least 1, got {local_epochs}")
-        _require(aggregation in ("weighted", "uniform"), f"aggregation must be weighted or uniform, got {aggregation}")
-        _require(0 < lr_decay <= 1, f"lr_decay must be in (0, 1], got {lr_decay}")
-        _require(eval_every >= 1, f"eval_every must be at least 1, got {eval_every}")
-        _require((client_state_mb or 0) >= 0, f"client_state_mb must be >= 0 (or None), got {client_state_mb}")
+        require(rounds >= 1, f"rounds must be at least 1, got {rounds}")
+        require(0 < sample_ratio <= 1, f"sample_ratio must be in (0, 1], got {sample_ratio}")
+        require(local_epochs >= 1, f"local_epochs must be at least 1, got {local_epochs}")
+        require(aggregation in ("weighted", "uniform"), f"aggregation must be weighted or uniform, got {aggregation}")
+        require(0 < lr_decay <= 1, f"lr_decay must be in (0, 1], got {lr_decay}")
+        require(eval_every >= 1, f"eval_every must be at least 1, got {eval_every}")
+        require((client_state_mb or 0) >= 0, f"client_state_mb must be >= 0 (or None), got {client_state_mb}")
         self.rounds = rounds
         self.sample_ratio = sample_ratio
         self.local_epochs = local_epochs
@@ -134,7 +135,10 @@ class FederatedServer:
         average, uploads = rnd.reduce({k: v.dtype for k, v in rnd.global_weights.items()})
         for client, state in rnd.received_states.items():
             self.client_states.put(client, state)
-        new_global = method_update(server, average, uploads) if method_update is not None else average
+        new_global = average
+        if method_update is not None:
+            owner = type(getattr(method_update, "__self__", method_update)).__name__
+            new_global = checked_weights(owner, method_update(server, average, uploads), average)
         if not self.server_optimizer.is_identity:
             new_global = self.server_optimizer.step(rnd.global_weights, new_global, server.param_keys)
         return new_global
@@ -257,8 +261,3 @@ def upgrade_state(state: Mapping[str, Any]) -> dict[str, Any]:
     if "server_optimizer" not in out and out.get("momentum_buffer"):
         out["server_optimizer"] = {"state": {k: {"momentum_buffer": v} for k, v in out["momentum_buffer"].items()}}
     return out
-
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ValueError(message)

@@ -28,6 +28,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from fl_lightning.core.registry import Registry, named_subclass
+
 StateDict = Mapping[str, Tensor]
 
 __all__ = [
@@ -349,12 +351,11 @@ class FedYogi(_DecayingSecondMoment):
 
 #: The server optimizers by name (``Federation(server_optimizer="fedadam")``, ``--federation.server_optimizer
 #: fedadam``; :func:`server_optimizer_class`). Add an entry to name your own.
-SERVER_OPTIMIZERS: dict[str, type[ServerOptimizer]] = {
-    "sgd": ServerSGD,
-    "fedadagrad": FedAdagrad,
-    "fedadam": FedAdam,
-    "fedyogi": FedYogi,
-}
+SERVER_OPTIMIZERS: Registry[type[ServerOptimizer]] = Registry(
+    "SERVER_OPTIMIZERS",
+    named_subclass(ServerOptimizer),
+    {"sgd": ServerSGD, "fedadagrad": FedAdagrad, "fedadam": FedAdam, "fedyogi": FedYogi},
+)
 
 
 def server_optimizer_class(name: str) -> type[ServerOptimizer]:

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import grad_and_value
 
+from fl_lightning.core.messages import first_line
 from fl_lightning.core.stacked_sgd import SGDSettings, clip_per_client, sgd_step
 
 log = logging.getLogger(__name__)
@@ -340,7 +341,7 @@ class CapturedStep:
         try:
             graph = self._record()
         except Exception as err:  # noqa: BLE001 - not capturable: run the same step unrecorded, and say why
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            first = first_line(err)
             self.note = f"the stacked step could not be captured as a CUDA graph ({type(err).__name__}: {first[:160]})"
             self.run(*self.state.tensors())
             return
@@ -448,7 +449,7 @@ class StepCache:
         try:
             step = build()
         except Exception as err:  # noqa: BLE001 - the loss cannot run as a static step: the per-step path runs it
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            first = first_line(err)
             reason = (
                 f"the stacked step runs uncaptured: it cannot run as one function ({type(err).__name__}: {first[:160]})"
             )

@@ -13,6 +13,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -87,9 +90,11 @@ def split_clients(
         The clients' positions (int64 tensors) and their label counts, int64 ``[N, C]``.
 
     Raises:
-        ValueError: the split left a client without samples.
+        ValueError: the split is not one array of distinct in-range indices per client, or left a client without
+            samples. Samples no client holds are allowed (``#C=k`` leaves out the classes no client draws).
     """
     parts = partitioner(labels.numpy(), num_clients, seed=seed)
+    check_partition(parts, num_clients, len(labels), label)
     empty = [i for i, p in enumerate(parts) if len(p) == 0]
     if empty:
         raise ValueError(
@@ -97,3 +102,37 @@ def split_clients(
             "use fewer clients or a less skewed partition"
         )
     return [torch.as_tensor(p, dtype=torch.long) for p in parts], class_counts(labels.numpy(), parts, num_classes)
+
+
+def check_partition(parts: Sequence[Any], num_clients: int, num_samples: int, label: str) -> None:
+    """Check a partitioner's result: ``num_clients`` integer index arrays into ``num_samples`` samples, disjoint.
+
+    The contract of :class:`~fl_lightning.core.partitions.Partitioner`; a one-line ``ValueError`` says what broke it.
+
+    >>> check_partition([np.array([0, 2]), np.array([1])], 2, 3, "mine")
+    >>> check_partition([np.array([0, 2]), np.array([2])], 2, 3, "mine")
+    Traceback (most recent call last):
+    ...
+    ValueError: the mine partition gave sample 2 to more than one client; a partitioner's index arrays must not overlap
+    """
+    where = f"the {label} partition"
+    if not isinstance(parts, Sequence) or len(parts) != num_clients:
+        got = f"{len(parts)} index arrays" if isinstance(parts, Sequence) else type(parts).__name__
+        raise ValueError(f"{where} returned {got} for {num_clients} clients; it must return one index array per client")
+    arrays = [np.asarray(p) for p in parts]
+    bad = next((i for i, a in enumerate(arrays) if a.ndim != 1 or (a.size and a.dtype.kind not in "iu")), None)
+    if bad is not None:
+        a = arrays[bad]
+        raise ValueError(
+            f"{where} gave client {bad} a {a.dtype} array of shape {a.shape}; it must be 1-d integer indices"
+        )
+    flat = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)
+    if flat.size and (flat.min() < 0 or flat.max() >= num_samples):
+        wrong = int(flat.min()) if flat.min() < 0 else int(flat.max())
+        raise ValueError(f"{where} gave index {wrong}, outside the {num_samples} training samples [0, {num_samples})")
+    seen, counts = np.unique(flat, return_counts=True)
+    if (counts > 1).any():
+        raise ValueError(
+            f"{where} gave sample {int(seen[counts > 1][0])} to more than one client; "
+            "a partitioner's index arrays must not overlap"
+        )

@@ -32,6 +32,7 @@ from torch import Tensor
 
 from fl_lightning import rules
 from fl_lightning.core.batches import ClientBatches
+from fl_lightning.core.context import checked_upload
 from fl_lightning.core.rounds import RoundPlan, RoundState
 from fl_lightning.core.state import ClientStateStore
 from fl_lightning.executor import SequentialClients
@@ -94,7 +95,11 @@ class _OneClient(SequentialClients):
     ) -> None:
         """Keep the client's results (copied to the CPU), then end it as every executor does."""
         if upload is None:
-            upload = (module.on_client_end(ctx) if isinstance(module, FederatedHooks) else None) or {}
+            upload = (
+                checked_upload(type(module).__name__, module.on_client_end(ctx))
+                if isinstance(module, FederatedHooks)
+                else {}
+            )
         if weights is None:
             weights = module.state_dict()
         self.sent = (

@@ -41,6 +41,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from fl_lightning import rules
+from fl_lightning.core.context import checked_payload
 from fl_lightning.core.rounds import RoundPlan, RoundState
 from fl_lightning.core.run_lock import RunDirClaim
 from fl_lightning.flower.build import FlowerSetup, build, split_options
@@ -158,7 +159,7 @@ def _rounds(
             server = dm.server_context(
                 plan, weights, global_weights={}, param_keys=keys, state=fed.server_state, device=module.device
             )
-            payload = hooks.on_round_start(server) if hooks is not None else {}
+            payload = checked_payload(type(hooks).__name__, hooks.on_round_start(server)) if hooks is not None else {}
             server.global_weights = {k: v.detach().clone() for k, v in module.state_dict().items()}
             rnd = RoundState(
                 plan,

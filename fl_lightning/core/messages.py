@@ -1,0 +1,31 @@
+r"""One-line messages: what an error says about a value or another error, on one line.
+
+>>> first_line(ValueError("bad value\nmore detail")), first_line(KeyError())
+('bad value', 'KeyError')
+>>> short(3), short(list(range(100)))
+('3', 'a list object')
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["first_line", "require", "short"]
+
+
+def first_line(err: BaseException) -> str:
+    """The first non-empty line of ``err``'s message, or its type's name when it has none."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[0] if lines else type(err).__name__
+
+
+def short(value: Any) -> str:
+    """``repr(value)`` when it is one short line, else what kind of object it is."""
+    text = repr(value)
+    return text if "\n" not in text and len(text) <= 80 else f"a {type(value).__name__} object"
+
+
+def require(ok: bool, message: str) -> None:
+    """Raise ``ValueError(message)`` unless ``ok`` (an argument's check: ``message`` says what to change)."""
+    if not ok:
+        raise ValueError(message)
