@@ -384,6 +384,40 @@ def test_one_entry_makes_a_dataset_known_everywhere(monkeypatch: pytest.MonkeyPa
         FederatedDataModule("nope")
 
 
+def _tiny(**changes: object) -> tuple:
+    x = torch.arange(26 * 16).reshape(26, 1, 4, 4).to(torch.uint8)
+    y = torch.arange(26) % 2
+    arrays = {"train_x": x[:20], "train_y": y[:20], "test_x": x[20:], "test_y": y[20:], "num_classes": 2, **changes}
+    return tuple(arrays.values())
+
+
+@pytest.mark.parametrize(
+    ("changes", "match"),
+    [
+        ({"train_x": torch.zeros(20, 1, 3, 3, dtype=torch.uint8)}, "training images of shape \(20, 1, 3, 3\); its"),
+        ({"test_y": torch.zeros(5, dtype=torch.long)}, "test labels of shape \(5,\) for 6 images"),
+        ({"train_y": torch.zeros(20)}, "training labels of dtype torch.float32; return integer class indices"),
+        ({"train_y": torch.full((20,), 2)}, "training labels from 2 to 2; they must be in \[0, 2\)"),
+    ],
+    ids=["image-size", "label-count", "float-labels", "label-range"],
+)
+def test_a_registered_loaders_arrays_are_checked(monkeypatch: pytest.MonkeyPatch, changes: dict, match: str) -> None:
+    monkeypatch.setitem(
+        DATASETS, "tiny", DatasetInfo("tiny", lambda root, download: _tiny(**changes), 1, image_size=4, num_classes=2)
+    )
+    with pytest.raises(ValueError, match=f"dataset 'tiny': its loader returned {match}") as err:
+        load_dataset("tiny")
+    assert "\n" not in str(err.value)
+
+
+def test_a_loaders_int32_labels_are_taken_as_int64(monkeypatch: pytest.MonkeyPatch) -> None:
+    y = (torch.arange(26) % 2).int()
+    info = DatasetInfo("tiny", lambda root, download: _tiny(train_y=y[:20], test_y=y[20:]), 1, 4, 2)
+    monkeypatch.setitem(DATASETS, "tiny", info)
+    data = load_dataset("tiny")
+    assert data.train_y.dtype == data.test_y.dtype == torch.int64
+
+
 def test_read_idx_magic(tmp_path: Path) -> None:
     path = tmp_path / "images.gz"
     write_idx(tmp_path / "images", np.full((2, 3, 4), 7, np.uint8), gz=True)

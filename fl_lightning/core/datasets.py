@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -126,6 +127,8 @@ def load_dataset(name: str, root: str | None = None, download: bool = False) -> 
         train_x, train_y, test_x, test_y, num_classes = info.loader(root_dir, download, system=True)
     else:
         train_x, train_y, test_x, test_y, num_classes = info.loader(root_dir, download)
+    train_y = _checked_split(info, "training", train_x, train_y, num_classes)
+    test_y = _checked_split(info, "test", test_x, test_y, num_classes)
     chunk = max(1, (1 << 24) // max(1, int(np.prod(train_x.shape[1:]))))
     mean, std = input_stats((train_x[i : i + chunk] for i in range(0, len(train_x), chunk)), image=True)
     return ImageData(name, train_x, train_y, test_x, test_y, num_classes, tuple(mean), tuple(std))
@@ -142,6 +145,26 @@ def _missing(what: str, searched: Sequence[Path], how: str) -> FileNotFoundError
     paths = list(dict.fromkeys(str(p) for p in searched))
     where = paths[0] if len(paths) == 1 else f"{', '.join(paths[:-1])} or {paths[-1]}"
     return FileNotFoundError(f"{what} not found in {where}. {how}")
+
+
+def _checked_split(info: DatasetInfo, split: str, x: Any, y: Any, num_classes: int) -> torch.Tensor:
+    """A loader's ``split``: its labels as int64, or a one-line error naming the dataset and what its loader broke."""
+    where = f"dataset {info.name!r}: its loader returned {split}"
+    expected = (info.channels, info.image_size, info.image_size)
+    if not isinstance(x, torch.Tensor) or x.dim() != 4 or tuple(x.shape[1:]) != expected:
+        got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(
+            f"{where} images of shape {got}; its DatasetInfo says [N, {', '.join(map(str, expected))}] "
+            "(channels, image_size)"
+        )
+    if not isinstance(y, torch.Tensor) or y.dim() != 1 or len(y) != len(x):
+        got = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
+        raise ValueError(f"{where} labels of shape {got} for {len(x)} images; return one label per image")
+    if y.dtype.is_floating_point or y.dtype.is_complex or y.dtype == torch.bool:
+        raise ValueError(f"{where} labels of dtype {y.dtype}; return integer class indices (int64)")
+    if len(y) and (int(y.min()) < 0 or int(y.max()) >= num_classes):
+        raise ValueError(f"{where} labels from {int(y.min())} to {int(y.max())}; they must be in [0, {num_classes})")
+    return y.long()
 
 
 def _labels_tensor(labels: Sequence[int] | np.ndarray) -> torch.Tensor:
