@@ -7,11 +7,13 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 from typing_extensions import override
 
 from fl_lightning.core import faults
 from fl_lightning.core.files import seal_checkpoint, temporary_name
+from fl_lightning.core.rundir import check_checkpoint_file
 
 
 class AtomicLastCheckpoint(ModelCheckpoint):
@@ -57,3 +59,40 @@ class AtomicLastCheckpoint(ModelCheckpoint):
         """
         if state_dict.get("dirpath", self.dirpath) == self.dirpath:
             super().load_state_dict(state_dict)
+
+
+class VerifiedCheckpointIO(CheckpointIO):
+    """A strategy's checkpoint IO that checks a checkpoint file before anything is read from it.
+
+    A file cut short, damaged or no checkpoint at all is refused with one line naming it
+    (:func:`~fl_lightning.core.rundir.check_checkpoint_file`), as the command line refuses it, where torch would fail
+    deep in its unpickler. Everything else is the wrapped IO's (``inner``: the strategy's own).
+    """
+
+    def __init__(self, inner: CheckpointIO) -> None:
+        self.inner = inner
+
+    @override
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        self.inner.save_checkpoint(checkpoint, path, storage_options)
+
+    @override
+    def load_checkpoint(self, path: Any, map_location: Any | None = None, weights_only: bool | None = None) -> dict:
+        if isinstance(path, str | os.PathLike) and Path(path).is_file():
+            check_checkpoint_file(path)
+        return self.inner.load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+
+    @override
+    def remove_checkpoint(self, path: Any) -> None:
+        self.inner.remove_checkpoint(path)
+
+    @override
+    def teardown(self) -> None:
+        self.inner.teardown()
+
+
+def verify_checkpoints_on_load(trainer: L.Trainer) -> None:
+    """Have ``trainer``'s strategy check every checkpoint file before reading it (:class:`VerifiedCheckpointIO`)."""
+    strategy = trainer.strategy
+    if not isinstance(strategy.checkpoint_io, VerifiedCheckpointIO):
+        strategy.checkpoint_io = VerifiedCheckpointIO(strategy.checkpoint_io)

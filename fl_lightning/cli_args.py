@@ -23,6 +23,7 @@ from fl_lightning import (
     shipped_configs,
 )
 from fl_lightning.core import server_optim
+from fl_lightning.core.files import read_yaml
 
 #: ``cli.py``'s subcommands; a config file may hold its settings under a section of one (``fit: {trainer: ...}``).
 SUBCOMMANDS = ("fit", "validate", "test")
@@ -63,18 +64,8 @@ def check_yaml(value: str, option: str = "--config") -> None:
     Raises:
         ValueError: the file does not parse; the message says where and why.
     """
-    path = Path(value)
-    if not path.is_file():
-        return  # an inline config: jsonargparse reports it
-    try:
-        yaml.safe_load(path.read_text())
-    except yaml.MarkedYAMLError as err:
-        mark = err.problem_mark or err.context_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        reason = " ".join(part for part in (err.context, err.problem) if part)
-        raise ValueError(f"{option} {value}: not valid YAML{where}: {reason}") from err
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
-        raise ValueError(f"{option} {value}: cannot be read as YAML ({err})") from err
+    if Path(value).is_file():  # else an inline config: jsonargparse reports it
+        read_yaml(value, f"{option} {value}")
 
 
 def _config_data(value: str) -> Any:

@@ -337,7 +337,7 @@ class FederatedDataModule(L.LightningDataModule):
         if self.num_clients > len(self.train_y):
             raise ValueError(
                 f"more clients ({self.num_clients}) than training samples ({len(self.train_y)}); "
-                "lower --data.num_clients"
+                "lower num_clients (--data.num_clients)"
             )
         partitioner = self.partitioner
         if self._client_ids is not None:

@@ -24,6 +24,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
 from fl_lightning import rules
+from fl_lightning.checkpoint import verify_checkpoints_on_load
 from fl_lightning.core import faults
 from fl_lightning.core.context import ServerContext, checked_payload
 from fl_lightning.core.distributed import end_process_group_at_exit, is_distributed, rank_and_world, to_device
@@ -32,7 +33,6 @@ from fl_lightning.core.gpu_memory import GIB, MIB, StackedMemory, fitting_group
 from fl_lightning.core.messages import require
 from fl_lightning.core.rounds import RoundPlan, RoundState, num_sampled, process_share
 from fl_lightning.core.run_lock import RunDirClaim
-from fl_lightning.core.rundir import check_checkpoint_file
 from fl_lightning.core.server import FederatedServer, server_optimizer_of, upgrade_state
 from fl_lightning.core.server_optim import ServerOptimizer
 from fl_lightning.core.stacked_conv import STACKED_CONVS
@@ -196,6 +196,7 @@ class Federation(Callback, FederatedServer):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         """Claim the run directory (one fit at a time), check the pieces fit together and prepare the run's record."""
         self._stage = stage
+        verify_checkpoints_on_load(trainer)  # Lightning restores a checkpoint after setup: checked before it is read
         if stage != "fit":
             return
         if trainer.is_global_zero:  # one fit at a time in a run directory
@@ -442,9 +443,7 @@ class Federation(Callback, FederatedServer):
 
     @override
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
-        """Refuse a checkpoint file that does not match its checksum, or (a fit) one made with other settings."""
-        if trainer.ckpt_path is not None and Path(trainer.ckpt_path).is_file():
-            check_checkpoint_file(trainer.ckpt_path)
+        """Refuse a checkpoint (of a fit) made with other settings; its file was checked before it was read."""
         if self._stage == "fit" and self.dm is not None:  # before anything of the run is restored or written
             self.check_resume(checkpoint, pl_module.hparams, self.dm.hparams)
 

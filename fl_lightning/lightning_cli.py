@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 import yaml
 from jsonargparse import ArgumentError, Namespace
 from lightning.pytorch.callbacks.progress.rich_progress import RichProgressBar
@@ -49,6 +50,7 @@ from fl_lightning.core.rundir import (
     flatten,
     move_aside,
 )
+from fl_lightning.core.step_capture import resolve_capture
 from fl_lightning.core.versions import claim_new_version, matching_version
 from fl_lightning.data import FederatedDataModule
 from fl_lightning.federation import Federation
@@ -172,6 +174,10 @@ class FLCLI(LightningCLI):
         if trainer is None:
             return
         _trainer_rules(trainer)
+        federation = config.get("federation")
+        if federation is not None and federation.get("step_capture") is not None:  # graph needs CUDA: say so now
+            device = "cuda" if rules.uses_cuda(trainer.get("accelerator")) else "cpu"
+            resolve_capture(federation["step_capture"], torch.device(device))
         if self.resolve_only:
             _logger_defaults(config)
             raise _Resolved(self.resolved_dict(config))

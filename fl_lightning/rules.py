@@ -362,7 +362,9 @@ def prepare_trainer(trainer: L.Trainer, rounds: int) -> None:
     when the datamodule is attached; the CLI when it builds the Trainer). It refuses the options that cut rounds
     (:func:`check_round_options`), sets ``max_epochs`` to the rounds (:func:`check_max_epochs`; Lightning's own
     default, 1000 once a fit has started, counts as unset), and points every ``ModelCheckpoint`` without a
-    ``dirpath`` at :func:`checkpoint_dir`, with ``save_last`` on unless it was chosen.
+    ``dirpath`` at :func:`checkpoint_dir`, with ``save_last`` on unless it was chosen. When checkpoints are on but
+    every ``ModelCheckpoint`` writes elsewhere (``dirpath`` given), an :class:`AtomicLastCheckpoint` joins them, so
+    that the run still keeps its ``last.ckpt`` for ``ckpt_path="last"``.
     """
     check_round_options(trainer_round_options(trainer))
     max_epochs = trainer.fit_loop.max_epochs
@@ -378,6 +380,12 @@ def prepare_trainer(trainer: L.Trainer, rounds: int) -> None:
         callback.dirpath = str(checkpoint_dir(trainer.default_root_dir))
         if callback.save_last is None:
             callback.save_last = True
+    here = os.path.abspath(checkpoint_dir(trainer.default_root_dir))
+    checkpoints = [c for c in callbacks if isinstance(c, ModelCheckpoint)]
+    if checkpoints and not any(c.save_last and os.path.abspath(str(c.dirpath)) == here for c in checkpoints):
+        last = AtomicLastCheckpoint()
+        last.dirpath = here
+        callbacks.append(last)
 
 
 def _is_default(callback: ModelCheckpoint) -> bool:

@@ -63,6 +63,7 @@ def test_bad_value_is_one_line_and_exit_2():
         (["--trainer.accumulate_grad_batches", "2"], "error: trainer option accumulate_grad_batches=2 is not"),
         (["--ckpt_path", "nope.ckpt"], "error: --ckpt_path nope.ckpt: no such file"),
         (["--data.dataset", "cifar10", "--data.root", "/nonexistent"], "error: CIFAR-10 python batches"),
+        (["--federation.step_capture", "graph", "--trainer.accelerator", "cpu"], "error: step_capture=graph records"),
     ],
     ids=lambda v: v if isinstance(v, str) else " ".join(v),
 )
@@ -71,6 +72,7 @@ def test_bad_input_one_line(tmp_path, capsys, extra, message):
     err = capsys.readouterr().err
     assert err.strip().splitlines()[-1].startswith(message)
     assert "Traceback" not in err and "usage:" not in err
+    assert not (tmp_path / "r").exists()  # refused before the run directory
 
 
 def test_debug_shows_the_traceback(tmp_path):

@@ -103,6 +103,19 @@ def test_spec_validation(tmp_path):
         CompareSpec.from_yaml(path)
 
 
+def test_a_comparison_that_is_not_yaml_is_one_line_and_exit_2(tmp_path, capsys):
+    from fl_lightning.cli import main as cli
+
+    path = tmp_path / "invalid.yaml"
+    path.write_text("name: e\nmethods: [fedavg\nseeds: [0]\n")
+    with pytest.raises(SystemExit) as exit_:
+        cli(["compare", "--config", str(path)])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err
+    assert f"{path}: not valid YAML at line 3, column 6: while parsing a flow sequence" in err
+
+
 @pytest.mark.parametrize("path", sorted((ROOT / "configs/compare").glob("*.yaml")), ids=lambda p: p.stem)
 def test_shipped_comparisons_parse(path, monkeypatch):
     monkeypatch.chdir(ROOT)

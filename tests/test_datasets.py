@@ -394,10 +394,10 @@ def _tiny(**changes: object) -> tuple:
 @pytest.mark.parametrize(
     ("changes", "match"),
     [
-        ({"train_x": torch.zeros(20, 1, 3, 3, dtype=torch.uint8)}, "training images of shape \(20, 1, 3, 3\); its"),
-        ({"test_y": torch.zeros(5, dtype=torch.long)}, "test labels of shape \(5,\) for 6 images"),
+        ({"train_x": torch.zeros(20, 1, 3, 3, dtype=torch.uint8)}, r"training images of shape \(20, 1, 3, 3\); its"),
+        ({"test_y": torch.zeros(5, dtype=torch.long)}, r"test labels of shape \(5,\) for 6 images"),
         ({"train_y": torch.zeros(20)}, "training labels of dtype torch.float32; return integer class indices"),
-        ({"train_y": torch.full((20,), 2)}, "training labels from 2 to 2; they must be in \[0, 2\)"),
+        ({"train_y": torch.full((20,), 2)}, r"training labels from 2 to 2; they must be in \[0, 2\)"),
     ],
     ids=["image-size", "label-count", "float-labels", "label-range"],
 )

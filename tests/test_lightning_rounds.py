@@ -229,6 +229,31 @@ def test_a_users_own_checkpoint_callback_is_kept(tmp_path):
     mine = ModelCheckpoint(dirpath=tmp_path / "mine", monitor="global/acc", mode="max", save_top_k=2)
     bare_trainer(tmp_path, Federation(rounds=3), mine, enable_checkpointing=True).fit(_model(), datamodule=_dm())
     assert len(list((tmp_path / "mine").glob("*.ckpt"))) == 2
+    assert (tmp_path / "checkpoints" / "last.ckpt").is_file()  # the run's own, beside the user's
+
+
+def test_a_users_checkpoint_elsewhere_still_leaves_last_to_resume_from(tmp_path):
+    mine = ModelCheckpoint(dirpath=tmp_path / "mine", monitor="global/acc", mode="max")
+    bare_trainer(tmp_path, Federation(rounds=2), mine, enable_checkpointing=True).fit(_model(), datamodule=_dm())
+    mine = ModelCheckpoint(dirpath=tmp_path / "mine", monitor="global/acc", mode="max")
+    trainer = bare_trainer(tmp_path, Federation(rounds=3), mine, enable_checkpointing=True)
+    trainer.fit(_model(), datamodule=_dm(), ckpt_path="last")
+    assert [int(row["round"]) for row in read_metrics(tmp_path)] == [1, 2, 3]
+    assert sum(isinstance(c, ModelCheckpoint) for c in trainer.callbacks) == 2
+
+
+@pytest.mark.parametrize("damage", ["cut", "random"])
+def test_a_python_fit_refuses_a_damaged_checkpoint_in_one_line(tmp_path, damage):
+    bare_trainer(tmp_path, Federation(rounds=2), enable_checkpointing=True).fit(_model(), datamodule=_dm())
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    data = last.read_bytes()
+    last.write_bytes(data[:20000] if damage == "cut" else bytes(range(256)) * 40)
+    before = (tmp_path / "metrics.csv").read_bytes()
+    trainer = bare_trainer(tmp_path, Federation(rounds=3), enable_checkpointing=True)
+    with pytest.raises(ValueError, match=f"checkpoint {last}.*(cut short|no PyTorch checkpoint)") as err:
+        trainer.fit(_model(), datamodule=_dm(), ckpt_path="last")
+    assert "\n" not in str(err.value)
+    assert (tmp_path / "metrics.csv").read_bytes() == before
 
 
 def test_lightnings_logged_keys_use_the_round_as_step(tmp_path):

@@ -491,7 +491,7 @@ def test_cli_partition_object_tiny_run_and_resume(tmp_path):
     assert read_summary(run_dir)["rounds"] == 2
 
 
-# ---- a user's partitioner: its result and its registration are checked ------------------------------------------------
+# ---- a user's partitioner: its result and its registration are checked ----------------------------------------------
 
 
 class _Returns(Partitioner):

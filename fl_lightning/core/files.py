@@ -21,6 +21,7 @@ import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 TEMP_MARK = ".tmp"
 _TEMP_COUNTER = itertools.count()
@@ -171,3 +172,23 @@ def remove_temporaries(folder: str | Path) -> list[Path]:
     for p in removed:
         p.unlink(missing_ok=True)
     return removed
+
+
+def read_yaml(path: str | os.PathLike[str], label: str | None = None) -> Any:
+    """The YAML in a file, or a one-line ``ValueError`` naming it (``label``, default the path) and saying why.
+
+    A file that does not parse is named with the line and column of the problem; one that cannot be read, with the
+    reason.
+    """
+    import yaml
+
+    label = label if label is not None else str(path)
+    try:
+        return yaml.safe_load(Path(path).read_text())
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        reason = " ".join(part for part in (err.context, err.problem) if part)
+        raise ValueError(f"{label}: not valid YAML{where}: {reason}") from err
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        raise ValueError(f"{label}: cannot be read as YAML ({' '.join(str(err).split())})") from err

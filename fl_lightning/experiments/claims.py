@@ -31,9 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from fl_lightning.core.files import write_text_atomic
+from fl_lightning.core.files import read_yaml, write_text_atomic
 from fl_lightning.experiments.aggregate import mean_std
 from fl_lightning.experiments.tables import fmt_mean_std
 
@@ -105,10 +103,7 @@ CLAIMS_COLUMNS = (
 
 def load_claims(path: Path) -> list[dict[str, Any]]:
     """The claims of a claims YAML, each checked for the fields the table needs."""
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except yaml.YAMLError as err:
-        raise ValueError(f"{path}: not valid YAML ({' '.join(str(err).split())})") from err
+    data = read_yaml(path)
     claims = data.get("claims") if isinstance(data, dict) else None
     if not isinstance(claims, list) or not all(isinstance(c, dict) for c in claims):
         raise ValueError(f"{path}: expected a mapping with a 'claims' list of mappings")

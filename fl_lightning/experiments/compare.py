@@ -47,10 +47,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from fl_lightning import shipped_configs
 from fl_lightning.cli_errors import one_line
+from fl_lightning.core.files import read_yaml
 from fl_lightning.core.run_lock import claim_run_dir, release_run_dir
 from fl_lightning.core.rundir import RunDirError, has_results, read_config, read_summary, run_status, science_diff
 from fl_lightning.experiments.report import Published, write_report
@@ -181,7 +180,7 @@ class CompareSpec:
     @classmethod
     def from_yaml(cls, path: str | Path) -> CompareSpec:
         """Read and validate a comparison YAML."""
-        raw = yaml.safe_load(Path(path).read_text())
+        raw = read_yaml(path)
         if not isinstance(raw, dict):
             raise ValueError(f"{path}: expected a mapping with methods, seeds and settings")
         missing = [k for k in ("methods", "settings") if k not in raw]
@@ -603,8 +602,10 @@ def main(argv: list[str] | None = None) -> int:
         help="run nothing: write the tables and plots from the runs that exist (unfinished ones are marked)",
     )
     args = parser.parse_args(argv)
+    if args.jobs is not None and args.jobs < 1:
+        raise ValueError(f"--jobs must be at least 1, got {args.jobs}")
     spec = CompareSpec.from_yaml(shipped_configs.resolve_config_arg(args.config))
-    if args.jobs:
+    if args.jobs is not None:
         spec.jobs = args.jobs
     if args.output_dir:
         spec.output_dir = Path(args.output_dir)
