@@ -27,10 +27,10 @@ from fl_lightning.core.messages import short
 
 __all__ = ["Registry", "named_subclass"]
 
-V = TypeVar("V")
+_Entry = TypeVar("_Entry")
 
 
-class Registry(dict[str, V]):
+class Registry(dict[str, _Entry]):
     """A name → entry table that refuses a name already taken and an entry ``check`` finds wrong.
 
     Args:
@@ -44,13 +44,13 @@ class Registry(dict[str, V]):
         self,
         table: str,
         check: Callable[[str, Any], str | None],
-        entries: Mapping[str, V] | Iterable[tuple[str, V]] = (),
+        entries: Mapping[str, _Entry] | Iterable[tuple[str, _Entry]] = (),
     ) -> None:
         super().__init__()
         self.table, self.check = table, check
         self.update(entries)
 
-    def __setitem__(self, name: str, entry: V) -> None:
+    def __setitem__(self, name: str, entry: _Entry) -> None:
         if not isinstance(name, str) or not name:
             raise TypeError(f"{self.table} names are non-empty strings, got {name!r}")
         if name in self and self[name] is not entry:
@@ -68,7 +68,7 @@ class Registry(dict[str, V]):
         for name, entry in dict(*args, **kwargs).items():
             self[name] = entry
 
-    def setdefault(self, name: str, entry: V) -> V:
+    def setdefault(self, name: str, entry: _Entry) -> _Entry:
         """The entry under ``name``, registering ``entry`` there first if there is none."""
         if name not in self:
             self[name] = entry
