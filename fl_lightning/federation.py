@@ -351,6 +351,7 @@ class Federation(Callback, FederatedServer):
         if diverged:
             pl_module.load_state_dict(rnd.global_weights)  # keep the last finite global model
             self._stop_diverged(trainer, r + 1, diverged[0])
+            self._round = None
             return
         update = pl_module.server_update if isinstance(pl_module, FederatedHooks) else None
         pl_module.load_state_dict(self.server_step(rnd, server, update))

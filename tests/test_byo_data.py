@@ -195,6 +195,11 @@ def test_bad_data_says_what_to_change():
     pil = PilImages()
     with pytest.raises(TypeError, match="PILToTensor"):
         FederatedDataModule.from_datasets(pil, pil)
+    x, y = torch.randn(8, 2), torch.arange(8) % 2
+    with pytest.raises(ValueError, match="the test data is empty"):
+        FederatedDataModule.from_tensors(x, y, x[:0], y[:0])
+    with pytest.raises(ValueError, match="the training data is empty"):
+        FederatedDataModule.from_tensors(x[:0], y[:0], x, y)
 
 
 class PilImages(Dataset):

@@ -110,11 +110,19 @@ def all_gather_object(obj: Any) -> list[Any]:
 
 
 def to_device(tree: Any, device: torch.device | str) -> Any:
-    """``tree`` (dicts, lists, tuples of tensors) with every tensor moved to ``device``."""
+    """``tree`` (dicts, lists, tuples and named tuples of tensors) with every tensor moved to ``device``.
+
+    >>> from collections import namedtuple
+    >>> Pair = namedtuple("Pair", "a b")
+    >>> to_device({"p": Pair(torch.zeros(1), [torch.ones(1)])}, "cpu")
+    {'p': Pair(a=tensor([0.]), b=[tensor([1.])])}
+    """
     if isinstance(tree, Tensor):
         return tree.to(device)
     if isinstance(tree, dict):
         return {k: to_device(v, device) for k, v in tree.items()}
+    if isinstance(tree, tuple) and hasattr(tree, "_fields"):  # a named tuple takes its fields as arguments
+        return type(tree)(*(to_device(v, device) for v in tree))
     if isinstance(tree, (list, tuple)):
         return type(tree)(to_device(v, device) for v in tree)
     return tree

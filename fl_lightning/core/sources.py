@@ -313,6 +313,9 @@ def load_source(
     train_split = as_split(train, "the training data", *opts)
     test_split = as_split(test, "the test data", *opts)
     val_split = as_split(val, "the validation data", *opts) if val is not None else None
+    for split, what in ((train_split, "training"), (test_split, "test")):
+        if len(split.y) == 0:
+            raise ValueError(f"the {what} data is empty; the federation needs {what} samples")
     first, first_test = first_input(train_split), first_input(test_split)
     if first.shape != first_test.shape:
         raise ValueError(f"training inputs have shape {tuple(first.shape)}, test inputs {tuple(first_test.shape)}")
