@@ -239,6 +239,10 @@ def test_check_sees_stale_claims_files(tmp_path: Path, results: Path, capsys: py
     assert claims.main([*args, "--check"]) == 1
     assert "claims.md is out of date" in capsys.readouterr().out
     assert claims.main(args) == 0 and claims.main([*args, "--check"]) == 0
+    table = tmp_path / "claims.csv"
+    table.write_bytes(table.read_bytes().replace(b"\r\n", b"\n"))  # the same text with other line endings
+    assert claims.main([*args, "--check"]) == 1
+    assert "claims.csv is out of date" in capsys.readouterr().out
 
 
 def test_a_papers_failed_is_reproduced_by_divergence_or_chance(tmp_path: Path) -> None:

@@ -323,7 +323,7 @@ def claim_row(claim: dict[str, Any], results_dir: Path) -> dict[str, Any]:
         )
     if fl["gains"]:
         mean, std = mean_std(fl["gains"])
-        row.update(fl_gain_mean=round(mean, 2), fl_gain_std=round(std, 2))
+        row.update(fl_gain_mean=round(mean, 2), fl_gain_std=round(std, 2) if len(fl["gains"]) > 1 else "")
         sign = _sign(gain, lower)
         row["wins"] = f"{sum(1 for g in fl['gains'] if sign * g > 0)}/{len(fl['gains'])}"
         if fl["missed_target"]:
@@ -346,10 +346,10 @@ def _gain_cell(row: dict[str, Any], kind: str) -> str:
     """fl_lightning's gain cell: mean ± std over seeds (a speedup as ``1.20x``) and the seeds won."""
     if row["fl_gain_mean"] == "":
         return "–"
-    unit = "x" if kind == "speedup" else ""
+    spread = "" if row["fl_gain_std"] == "" else f" ± {row['fl_gain_std']:.2f}"  # no spread over one seed
     if kind == "speedup":
-        return f"{row['fl_gain_mean'] + 1:.2f}{unit} ± {row['fl_gain_std']:.2f} ({row['wins']})"
-    return f"{row['fl_gain_mean']:+.2f} ± {row['fl_gain_std']:.2f} ({row['wins']})"
+        return f"{row['fl_gain_mean'] + 1:.2f}x{spread} ({row['wins']})"
+    return f"{row['fl_gain_mean'] + 0.0:+.2f}{spread} ({row['wins']})"
 
 
 def claims_markdown(claims: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]]) -> str:
@@ -469,9 +469,8 @@ def plot_claims(rows: Sequence[dict[str, Any]], path: Path) -> Path | None:
 
     fig, ax = new_figure((10, 0.32 * len(shown) + 1.8))
     for y, row in enumerate(shown):
-        n = len(row["seeds"].split())
         color = VERDICT_COLORS.get(row["verdict"], "tab:gray")
-        ax.errorbar(row["fl_gain_mean"], y, xerr=row["fl_gain_std"] if n > 1 else None, fmt="o", color=color, ms=5)
+        ax.errorbar(row["fl_gain_mean"], y, xerr=row["fl_gain_std"] or None, fmt="o", color=color, ms=5)
         if row["paper_gain"] != "":
             ax.plot(row["paper_gain"], y, "x", color="black", ms=7)
     ax.set_yticks(range(len(shown)))
@@ -496,12 +495,12 @@ def stale_claims(claims_yaml: Path, results_dir: Path) -> list[str]:
     """The files :func:`write_claims` would change, beside ``claims_yaml``."""
     with tempfile.TemporaryDirectory() as tmp:
         write_claims(claims_yaml, results_dir, Path(tmp), plot=False)  # the figure is not compared
-        fresh = {p.name: p.read_text() for p in Path(tmp).iterdir() if p.suffix in (".md", ".csv")}
+        fresh = {p.name: p.read_bytes() for p in Path(tmp).iterdir() if p.suffix in (".md", ".csv")}
     here = Path(claims_yaml).parent
     return [
         str(here / name)
-        for name, text in sorted(fresh.items())
-        if not (here / name).is_file() or (here / name).read_text() != text
+        for name, data in sorted(fresh.items())
+        if not (here / name).is_file() or (here / name).read_bytes() != data
     ]
 
 

@@ -57,6 +57,7 @@ def published_comparison(summary: list[dict[str, Any]], published: Published) ->
         ours = [100.0 * v for v in s[published.metric]]
         mean, std = published.values.get((s["setting"], s["method"]), (None, None))
         ours_mean, ours_std = mean_std(ours) if ours else (None, None)
+        ours_std = ours_std if len(ours) > 1 else None  # no spread over one seed
         diff = ours_mean - mean if mean is not None and ours_mean is not None else None
         rows.append(
             {

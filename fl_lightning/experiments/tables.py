@@ -97,7 +97,7 @@ def fmt_delta(deltas: Sequence[float]) -> str:
     mean, std = mean_std([100.0 * d for d in deltas])
     wins = sum(d > 0 for d in deltas)
     spread = "" if len(deltas) == 1 else f" ± {std:.2f}"
-    return f"{mean + 0.0:+.2f}{spread} ({wins}/{len(deltas)})"  # + 0.0: never "-0.00"
+    return f"{round(mean, 2) + 0.0:+.2f}{spread} ({wins}/{len(deltas)})"  # rounded, + 0.0: never "-0.00"
 
 
 def _table_rows(summary: list[dict[str, Any]], baseline: str) -> tuple[list[str], list[list[str]]]:
