@@ -77,10 +77,11 @@ class VerifiedCheckpointIO(CheckpointIO):
         self.inner.save_checkpoint(checkpoint, path, storage_options)
 
     @override
-    def load_checkpoint(self, path: Any, map_location: Any | None = None, weights_only: bool | None = None) -> dict:
+    def load_checkpoint(self, path: Any, *args: Any, **kwargs: Any) -> dict:
         if isinstance(path, str | os.PathLike) and Path(path).is_file():
             check_checkpoint_file(path)
-        return self.inner.load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+        # Only the arguments given: the inner IO's own defaults stay (Lightning's loads to the CPU by default).
+        return self.inner.load_checkpoint(path, *args, **kwargs)
 
     @override
     def remove_checkpoint(self, path: Any) -> None:

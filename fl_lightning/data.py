@@ -458,11 +458,13 @@ class FederatedDataModule(L.LightningDataModule):
         assert self.trainer is not None
         plan = planner.local_plan(self.trainer.current_epoch)
         self._train_round = self.round_batches(
-            plan, planner.seed, flat=not planner.client_batches, group=planner.client_group
+            plan, flat=not planner.client_batches, group=planner.client_group, seed=planner.seed
         )
         return self._train_round
 
-    def round_batches(self, plan: RoundPlan, seed: int, flat: bool = False, group: int | None = None) -> RoundBatches:
+    def round_batches(
+        self, plan: RoundPlan, flat: bool = False, group: int | None = None, *, seed: int
+    ) -> RoundBatches:
         """The local batches of ``plan``'s clients: one client per item, one local batch (``flat``), or ``group``s.
 
         ``seed``: the federation's seed, of the local shuffling (and of the augmentation of ``flat`` batches).
@@ -549,7 +551,8 @@ class FederatedDataModule(L.LightningDataModule):
         x, y = batch
         if self.trainer is None or not self.trainer.training:
             return transform(x, train=False), y
-        # A local step's batch: augmented from its own seed (RoundBatches.augment_seeds), not the global generator.
+        # A local step's batch: augmented from its own seed (RoundBatches.augment_seeds), not the global generator
+        # (which a train_dataloader of your own, queueing no seeds, draws from, as Lightning's loop does).
         seeds = self._train_round.augment_seeds if self._train_round is not None else None
         generator = torch.Generator().manual_seed(seeds.popleft()) if seeds else None
         return transform(x, train=True, generator=generator), y

@@ -463,6 +463,14 @@ class FedAvg(FederatedHooks, L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Restore the input normalisation (a checkpoint without it leaves it as it is)."""
+        # The local SGD's state is reset for every client, so a checkpoint's is never used; one written before frozen
+        # parameters were left out of the SGD lists them too, which torch would refuse to load: give it today's shape.
+        trainable = sum(1 for p in self.parameters() if p.requires_grad)
+        for state in checkpoint.get("optimizer_states", []):
+            groups = state.get("param_groups", [])
+            if len(groups) == 1 and len(groups[0].get("params", [])) != trainable:
+                groups[0]["params"] = list(range(trainable))
+                state["state"] = {}
         stats = checkpoint.get(INPUT_NORMALIZATION_KEY)
         if stats is not None:
             self.input_normalization.set_stats(stats.get("mean"), stats.get("std"), self.device)

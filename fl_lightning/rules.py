@@ -372,17 +372,18 @@ def prepare_trainer(trainer: L.Trainer, rounds: int) -> None:
         max_epochs = None
     trainer.fit_loop.max_epochs = check_max_epochs(max_epochs, rounds)
     callbacks: list[Callback] = trainer.callbacks  # type: ignore[attr-defined]  # assigned by Lightning, undeclared
+    here = str(checkpoint_dir(trainer.default_root_dir))
     for i, callback in enumerate(callbacks):
         if not isinstance(callback, ModelCheckpoint) or callback.dirpath is not None:
             continue
         if _is_default(callback):  # Lightning's own (or a bare ModelCheckpoint()): the run's one file, last.ckpt
             callback = callbacks[i] = AtomicLastCheckpoint()
-        callback.dirpath = str(checkpoint_dir(trainer.default_root_dir))
+        callback.dirpath = here
         if callback.save_last is None:
             callback.save_last = True
-    here = os.path.abspath(checkpoint_dir(trainer.default_root_dir))
+    # Every checkpoint callback writing elsewhere (each with a dirpath of its own): the run keeps its last.ckpt too.
     checkpoints = [c for c in callbacks if isinstance(c, ModelCheckpoint)]
-    if checkpoints and not any(c.save_last and os.path.abspath(str(c.dirpath)) == here for c in checkpoints):
+    if checkpoints and all(os.path.abspath(str(c.dirpath)) != os.path.abspath(here) for c in checkpoints):
         last = AtomicLastCheckpoint()
         last.dirpath = here
         callbacks.append(last)

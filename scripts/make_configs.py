@@ -27,6 +27,10 @@ CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 #: Arguments whose default is ``None`` (an option switched off) are left out too.
 NOT_WRITTEN = frozenset({"server_lr", "teacher_free", "proj_dim"})
 
+#: Defaults that depend on the data (``None`` in the signature), written out with their value for the shipped
+#: settings, all of 10 classes: FedSSD's M_max (its paper's 0.01 for 10 classes).
+TEN_CLASS_DEFAULTS: dict[tuple[str, str], Any] = {("fedssd", "m_max"): 0.01}
+
 #: Registered methods without paper-setting configs (use them with ``--model <Name>`` on any config).
 NO_CONFIGS: tuple[str, ...] = ()
 
@@ -42,18 +46,18 @@ def method_defaults(cls: type[FedAvg]) -> dict[str, Any]:
     """A method's own hyper-parameters and their defaults, in signature order, from its class.
 
     FedAvg's arguments (network and local optimizer) are the setting's; :data:`NOT_WRITTEN` and ``None`` defaults
-    are left out.
+    are left out, except those :data:`TEN_CLASS_DEFAULTS` resolves.
     """
     base = inspect.signature(FedAvg).parameters
-    return {
-        name: p.default
+    defaults = {
+        name: TEN_CLASS_DEFAULTS.get((cls.method_name, name), p.default)
         for name, p in inspect.signature(cls).parameters.items()
         if name not in base
         and name not in NOT_WRITTEN
         and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
         and p.default is not p.empty
-        and p.default is not None
     }
+    return {name: value for name, value in defaults.items() if value is not None}
 
 
 #: Adaptive server optimizers (Reddi et al., "Adaptive Federated Optimization", ICLR 2021) on FedAvg clients. τ = 1e-3

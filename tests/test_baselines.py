@@ -587,3 +587,25 @@ def test_a_frozen_parameter_stays_out_of_a_methods_parameter_state(tmp_path: Pat
         finals.append(model.state_dict())
     for key, value in finals[0].items():
         torch.testing.assert_close(finals[1][key], value, atol=1e-5, rtol=1e-5)
+
+
+def test_a_checkpoint_whose_sgd_lists_frozen_parameters_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Before frozen parameters were left out of the local SGD, checkpoints listed them: such a run still resumes."""
+    from helpers import bare_trainer
+
+    from fl_lightning import FederatedDataModule, Federation
+    from fl_lightning.core.models import build_model
+
+    def fit(rounds: int, ckpt_path: str | None) -> Federation:
+        torch.manual_seed(0)
+        net = build_model("lenet", 1, 8, 10)
+        next(net.parameters()).requires_grad_(False)
+        fed = Federation(rounds=rounds, plots=False)
+        dm = FederatedDataModule("digits", num_clients=4, batch_size=64)
+        bare_trainer(tmp_path, fed, enable_checkpointing=True).fit(FedAvg(net=net, lr=0.05), dm, ckpt_path=ckpt_path)
+        return fed
+
+    with monkeypatch.context() as patch:  # the old SGD: every parameter, frozen ones too
+        patch.setattr(FedAvg, "configure_optimizers", lambda self: torch.optim.SGD(self.parameters(), lr=0.05))
+        fit(1, None)
+    assert [row["round"] for row in fit(2, "last").history] == [1, 2]

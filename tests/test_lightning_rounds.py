@@ -232,6 +232,14 @@ def test_a_users_own_checkpoint_callback_is_kept(tmp_path):
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file()  # the run's own, beside the user's
 
 
+def test_a_users_save_last_false_in_the_run_directory_is_kept(tmp_path):
+    mine = ModelCheckpoint(monitor="global/acc", mode="max", save_last=False)
+    trainer = bare_trainer(tmp_path, Federation(rounds=2), mine, enable_checkpointing=True)
+    trainer.fit(_model(), datamodule=_dm())
+    assert trainer.checkpoint_callbacks == [mine] and mine.save_last is False
+    assert not (tmp_path / "checkpoints" / "last.ckpt").exists()
+
+
 def test_a_users_checkpoint_elsewhere_still_leaves_last_to_resume_from(tmp_path):
     mine = ModelCheckpoint(dirpath=tmp_path / "mine", monitor="global/acc", mode="max")
     bare_trainer(tmp_path, Federation(rounds=2), mine, enable_checkpointing=True).fit(_model(), datamodule=_dm())
@@ -254,6 +262,20 @@ def test_a_python_fit_refuses_a_damaged_checkpoint_in_one_line(tmp_path, damage)
         trainer.fit(_model(), datamodule=_dm(), ckpt_path="last")
     assert "\n" not in str(err.value)
     assert (tmp_path / "metrics.csv").read_bytes() == before
+
+
+def test_a_checkpoint_saved_on_a_gpu_resumes_on_the_cpu(tmp_path, monkeypatch):
+    """The checked checkpoint IO keeps Lightning's default of loading onto the CPU (map_location)."""
+    import torch.serialization
+
+    bare_trainer(tmp_path / "run", Federation(rounds=1), enable_checkpointing=True).fit(_model(), datamodule=_dm())
+    ckpt = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=False)
+    with monkeypatch.context() as patch:  # torch records each storage's device: say cuda:0, as a GPU run's would
+        patch.setattr(torch.serialization, "location_tag", lambda storage: "cuda:0")
+        torch.save(ckpt, tmp_path / "gpu.ckpt")
+    trainer = bare_trainer(tmp_path / "run", Federation(rounds=2), enable_checkpointing=True)
+    trainer.fit(_model(), datamodule=_dm(), ckpt_path=str(tmp_path / "gpu.ckpt"))
+    assert [int(row["round"]) for row in read_metrics(tmp_path / "run")] == [1, 2]
 
 
 def test_lightnings_logged_keys_use_the_round_as_step(tmp_path):

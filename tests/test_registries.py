@@ -61,4 +61,15 @@ def test_an_entry_registers_replaces_after_del_and_pickles(monkeypatch):
     table["a"] = 2
     table.update(b=3)
     assert table.setdefault("b", 4) == 3 and dict(table) == {"a": 2, "b": 3}
-    assert dict(pickle.loads(pickle.dumps(PARTITIONERS))) == dict(PARTITIONERS)
+    for registry in (METHODS, MODELS, PARTITIONERS, SERVER_OPTIMIZERS):  # DATASETS' loaders are closures
+        assert dict(pickle.loads(pickle.dumps(registry))) == dict(registry)
+
+
+def test_in_place_union_checks_each_entry_too():
+    table = Registry("T", lambda name, entry: None if isinstance(entry, int) else "must be an int", {"a": 1})
+    with pytest.raises(TypeError, match=r"T\['b'\] must be an int"):
+        table |= {"b": "x"}
+    with pytest.raises(ValueError, match="already has 'a'"):
+        table |= {"a": 2}
+    table |= {"c": 3}
+    assert dict(table) == {"a": 1, "c": 3}

@@ -29,7 +29,11 @@ from torch import Tensor
 from fl_lightning.core.rounds import RoundPlan, client_steps, round_seed
 from fl_lightning.core.sources import DatasetReader
 
-__all__ = ["ClientBatches", "ClientGroup", "RoundBatches", "StreamedClientBatches"]
+__all__ = ["AUGMENT_STREAM", "ClientBatches", "ClientGroup", "RoundBatches", "StreamedClientBatches"]
+
+#: The last-but-one part of a local batch's augmentation seed, (seed, round, client, AUGMENT_STREAM, position): a stream
+#: apart from a client's own (1) and its context's generator (2).
+AUGMENT_STREAM = 3
 
 
 class ClientBatches:
@@ -214,7 +218,7 @@ class RoundBatches:
             return len(self.plan.clients)
         return sum(
             client_steps(self.client_indices[c].numel(), self.batch_size, self.plan.local_epochs, self.drop_last)
-            for c in self.plan.clients
+            for c in self._trained()
         )
 
     def __iter__(self) -> Iterator[ClientGroup | ClientBatches | StreamedClientBatches | tuple[Tensor, Tensor]]:
@@ -258,12 +262,16 @@ class RoundBatches:
             for start in range(0, stop, bs):
                 yield perm[start : start + bs]
 
+    def _trained(self) -> list[int]:
+        """The plan's clients that train, without the padding (client -1) that keeps processes in step."""
+        return [client for client in self.plan.clients if client >= 0]
+
     def _batch_seeds(self) -> Iterator[int]:
         """The augmentation seed of every local batch of the round, in :meth:`batches`' order."""
-        for client in self.plan.clients:
+        for client in self._trained():
             n = self.client_indices[client].numel()
             for pos in range(client_steps(n, self.batch_size, self.plan.local_epochs, self.drop_last)):
-                yield round_seed(self.seed, self.plan.round, client, 3, pos)
+                yield round_seed(self.seed, self.plan.round, client, AUGMENT_STREAM, pos)
 
     def _index_batches(self, client: int) -> list[list[int]]:
         """The client's local batches as lists of positions in ``x``."""
@@ -273,9 +281,9 @@ class RoundBatches:
     def batches(self) -> Iterator[tuple[Tensor, Tensor]]:
         """Every local batch of the round, client after client, gathered from the full data (for hand-written loops)."""
         if isinstance(self.x, DatasetReader):
-            yield from self.x.batches([b for c in self.plan.clients for b in self._index_batches(c)])
+            yield from self.x.batches([b for c in self._trained() for b in self._index_batches(c)])
             return
-        for client in self.plan.clients:
+        for client in self._trained():
             idx = self.client_indices[client]
             for pos in self._positions(client):
                 batch = idx[pos]

@@ -204,13 +204,16 @@ def resnet50(in_channels: int, image_size: ImageSize, num_classes: int) -> nn.Mo
     return ResNet(_Bottleneck, [3, 4, 6, 3], [64, 128, 256, 512], in_channels, num_classes)
 
 
+def _builder_entry(name: str, entry: object) -> str | None:
+    """What is wrong with a :data:`MODELS` entry, if anything."""
+    return None if callable(entry) else f"must be a builder (in_channels, image_size, num_classes), got {short(entry)}"
+
+
 #: The networks built by name (``net="lenet"``, ``--model.net lenet``): name → builder
 #: ``(in_channels, image_size, num_classes) -> nn.Module``. Add an entry to build your own by name.
 MODELS: Registry[Callable[[int, ImageSize, int], nn.Module]] = Registry(
     "MODELS",
-    lambda name, entry: (
-        None if callable(entry) else f"must be a builder (in_channels, image_size, num_classes), got {short(entry)}"
-    ),
+    _builder_entry,
     {"lenet": lenet, "cnn": cnn, "tcnn": tcnn, "resnet8": resnet8, "resnet18": resnet18, "resnet50": resnet50},
 )
 

@@ -68,6 +68,10 @@ class Registry(dict[str, _Entry]):
         for name, entry in dict(*args, **kwargs).items():
             self[name] = entry
 
+    def __ior__(self, other: Any) -> Registry[_Entry]:  # type: ignore[override,misc]
+        self.update(other)
+        return self
+
     def setdefault(self, name: str, entry: _Entry) -> _Entry:
         """The entry under ``name``, registering ``entry`` there first if there is none."""
         if name not in self:

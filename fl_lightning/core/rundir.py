@@ -282,8 +282,8 @@ def check_checkpoint_file(path: str | os.PathLike[str]) -> None:
                 f"{err}; resume from a checkpoint file, such as <run dir>/checkpoints/last.ckpt, or from last"
             ) from err
         raise RunDirError(
-            f"{err}; it is damaged: resume from another checkpoint with --ckpt_path <file>, or start again with "
-            "--overwrite"
+            f"{err}; it is damaged: resume from another checkpoint (--ckpt_path <file>; in Python ckpt_path=), or "
+            "start again (--overwrite; in Python another default_root_dir)"
         ) from err
 
 

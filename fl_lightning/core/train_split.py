@@ -116,6 +116,8 @@ def check_partition(parts: Sequence[Any], num_clients: int, num_samples: int, la
     ValueError: the mine partition gave sample 2 to more than one client; a partitioner's index arrays must not overlap
     """
     where = f"the {label} partition"
+    if isinstance(parts, np.ndarray) and parts.ndim == 2:  # equal-sized clients as the rows of one array
+        parts = list(parts)
     if not isinstance(parts, Sequence) or len(parts) != num_clients:
         got = f"{len(parts)} index arrays" if isinstance(parts, Sequence) else type(parts).__name__
         raise ValueError(f"{where} returned {got} for {num_clients} clients; it must return one index array per client")

@@ -143,7 +143,7 @@ def local_update(setup: FlowerSetup, content: RecordDict, state: dict[str, Any] 
     executor = _OneClient(dm, states, setup.federation.seed)
     executor.start_round(rnd, payload)
     module.train()
-    raw = next(iter(dm.round_batches(plan, setup.federation.seed)))
+    raw = next(iter(dm.round_batches(plan, seed=setup.federation.seed)))
     if isinstance(raw, ClientBatches):  # what Lightning's batch transfer does
         raw = raw.to(module.device)
     batch = dm.on_after_batch_transfer(raw, 0)
