@@ -12,6 +12,7 @@ output and tells when the run diverged.
 
 from __future__ import annotations
 
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -161,6 +162,7 @@ class Federation(Callback, FederatedServer):
         self.executor: ClientExecutor | None = None
         self._pending_state: dict[str, Any] | None = None
         self._claim = RunDirClaim()  # the run directory this fit holds (rank 0)
+        self._spill: tempfile.TemporaryDirectory[str] | None = None  # client states spilled by a rank other than 0
         self._stage = "fit"  # the Trainer's stage (setup); validate/test/predict leave the run's record alone
         quiet_lightning()  # now: the Trainer built next prints its tips and accelerator lines in its constructor
 
@@ -204,7 +206,11 @@ class Federation(Callback, FederatedServer):
         self.client_batches = isinstance(pl_module, FedAvg)
         self.dm = dm = _checked_data(trainer, pl_module)
         run_dir = Path(trainer.default_root_dir)
-        self.start_fit(run_dir / "client_state")  # a new fit starts afresh; a checkpoint restores the state
+        # A new fit starts afresh (a checkpoint restores the state). Spilled client states are a process's own cache:
+        # rank 0 keeps its in the run directory, any other process in a temporary folder of its own.
+        if not trainer.is_global_zero and self._spill is None:
+            self._spill = tempfile.TemporaryDirectory(prefix=f"fl_lightning_client_state_rank{trainer.global_rank}_")
+        self.start_fit(Path(self._spill.name) if self._spill is not None else run_dir / "client_state")
         info = run_info(trainer, pl_module, dm, **self.settings())
         self._earlier_record, self.recorder = self.recorder, RunRecorder(run_dir, info, self.plots, self.rounds)
         if self._pending_state is not None:  # a checkpoint restored before setup (Lightning restores after it)
@@ -437,8 +443,11 @@ class Federation(Callback, FederatedServer):
 
     @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        """Release the run directory."""
+        """Release the run directory (and remove a process's temporary spill folder)."""
         self._claim.release()
+        if self._spill is not None and stage == "fit":
+            self._spill.cleanup()
+            self._spill = None
 
     # ---- checkpointing ------------------------------------------------------------------------------------------
 

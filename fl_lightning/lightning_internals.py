@@ -9,10 +9,12 @@ from __future__ import annotations
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.callbacks.progress.rich_progress import RichProgressBar
 from lightning.pytorch.core.mixins import HyperparametersMixin
 
 __all__ = [
+    "checkpoints_within_epochs",
     "count_optimizer_steps",
     "counted_step",
     "has_trainer",
@@ -21,6 +23,14 @@ __all__ = [
     "set_logged_step",
     "step_only_logged_names",
 ]
+
+
+def checkpoints_within_epochs(callback: ModelCheckpoint) -> bool:
+    """Whether a ``ModelCheckpoint`` saves by training steps or time (``every_n_train_steps``, ``train_time_interval``).
+
+    Lightning keeps both only as private attributes (``_every_n_train_steps``, ``_train_time_interval``).
+    """
+    return bool(callback._every_n_train_steps) or callback._train_time_interval is not None
 
 
 def set_logged_step(trainer: L.Trainer, step: int) -> None:

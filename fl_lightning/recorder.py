@@ -158,7 +158,7 @@ class RunRecorder:
         row.update({f"acc_class_{c}": float(a) for c, a in enumerate(class_acc)})
         self.publish(trainer, row)  # before the module's own metrics join the row: those are Lightning's already
         for key, value in trainer.callback_metrics.items():
-            # Lightning replaces a value it logs again with a new tensor: the same object is one from before the round.
+            # A value Lightning has not updated since the round started is still the same object: an earlier round's.
             fresh = value is not self._metrics_before.get(key)
             if fresh and key not in row and key not in self._published and value.numel() == 1:
                 row[key] = float(value)

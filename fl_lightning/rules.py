@@ -31,6 +31,7 @@ from lightning.pytorch.callbacks import (
 
 from fl_lightning.checkpoint import AtomicLastCheckpoint
 from fl_lightning.data import FederatedDataModule
+from fl_lightning.lightning_internals import checkpoints_within_epochs
 from fl_lightning.module import FedAvg
 
 #: Precisions that run on the CPU (Lightning would quietly turn 16-mixed into bf16-mixed there).
@@ -221,12 +222,18 @@ def busy_cpu_note(threads: int | None = None, processes: int = 1, runner: str = 
 
 
 def check_callbacks(trainer: L.Trainer) -> None:
-    """Refuse the callbacks whose work would be wrong under a federation (weight averaging, per-step LR logging)."""
+    """Refuse callbacks wrong under a federation: weight averaging, per-step LR logging, checkpoints within a round."""
     for callback in trainer.callbacks:  # type: ignore[attr-defined]  # assigned by Lightning, undeclared on Trainer
         if isinstance(callback, LearningRateMonitor) and callback.logging_interval == "step":
             raise ValueError(
                 "LearningRateMonitor(logging_interval='step') would log nothing under Federation (a round's LR is "
                 "the same for every local step); use logging_interval='epoch' (one value per round) or None"
+            )
+        if isinstance(callback, ModelCheckpoint) and checkpoints_within_epochs(callback):
+            raise ValueError(
+                f"{type(callback).__name__} with every_n_train_steps or train_time_interval would save in the middle "
+                "of a round, which no fit resumes from (and with several processes, whose local steps differ, it "
+                "would hang); save by round: every_n_epochs=N (one epoch is one round)"
             )
         if isinstance(callback, (StochasticWeightAveraging, WeightAveraging)):
             raise ValueError(
@@ -397,4 +404,6 @@ def _is_default(callback: ModelCheckpoint) -> bool:
         and callback.save_top_k == 1
         and callback.filename is None
         and callback.save_last is None
+        and callback.every_n_epochs == 1
+        and not checkpoints_within_epochs(callback)
     )

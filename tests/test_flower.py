@@ -156,8 +156,13 @@ def _run_in_process(tmp_path: Path, server_options: list[str], client_options: l
             [[], [], []],
             "node 1 cannot take part: the node's num-partitions is 4, the config's federation has 3 clients",
         ),
+        (
+            _nodes(),
+            [[], [], ["--data.alpha", "0.3"]],
+            "node 3 holds ",
+        ),
     ],
-    ids=["partition-outside", "method-mismatch", "no-data", "doubled-partition", "other-federation"],
+    ids=["partition-outside", "method-mismatch", "no-data", "doubled-partition", "other-federation", "other-data"],
 )
 def test_bad_input_one_line_nothing_written(configs, client_extra, line, tmp_path: Path) -> None:
     from fl_lightning.flower.server_app import FlowerRunError
@@ -259,3 +264,16 @@ def test_every_method_through_the_apps_equals_cli_fit(method: str, tmp_path: Pat
     options = [*_tiny(), "--data.num_clients", "5", *_every_method()[method]]
     history = _run_in_process(tmp_path, options, [options] * 5, _nodes(5))
     _assert_equals_cli_fit(tmp_path, options, history)
+
+
+def test_the_servers_loggers_get_every_round_and_eval_local_is_refused(tmp_path: Path) -> None:
+    """A CSVLogger writes its rows when the run ends (as after a fit); eval_local needs the nodes' local models."""
+    from fl_lightning.flower.server_app import FlowerRunError
+
+    logger = ["--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir", str(tmp_path)]
+    _run_in_process(tmp_path, _tiny(3) + logger, [_tiny(3)] * 3, _nodes())
+    (rows,) = tmp_path.glob("lightning_logs/*/metrics.csv")
+    assert len(rows.read_text().splitlines()) == 1 + 3
+    with pytest.raises(FlowerRunError, match="federation.eval_local evaluates every local model"):
+        _run_in_process(tmp_path / "e", _tiny() + ["--federation.eval_local", "true"], [_tiny()] * 3, _nodes())
+    assert not (tmp_path / "e" / "run").exists()

@@ -17,6 +17,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from fl_lightning.lightning_internals import (
+    checkpoints_within_epochs,
     count_optimizer_steps,
     counted_step,
     has_trainer,
@@ -194,3 +195,14 @@ def test_step_only_logged_names_read_the_trainers_results(tmp_path):
 
     _trainer(tmp_path, logger=False, callbacks=[Read()]).fit(Logs(), _loader())
     assert seen == [{"per_step"}], f"trainer._results' metadata changed (step_only_logged_names): {seen}"
+
+
+def test_checkpoints_within_epochs_reads_model_checkpoints_private_settings():
+    from datetime import timedelta
+
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    assert not checkpoints_within_epochs(ModelCheckpoint())
+    assert not checkpoints_within_epochs(ModelCheckpoint(every_n_epochs=2))
+    assert checkpoints_within_epochs(ModelCheckpoint(every_n_train_steps=5))
+    assert checkpoints_within_epochs(ModelCheckpoint(train_time_interval=timedelta(minutes=1)))

@@ -214,6 +214,14 @@ def test_weight_averaging_is_refused_before_anything_is_written(tmp_path):
     assert not (tmp_path / "summary.json").exists()
 
 
+def test_a_checkpoint_within_a_round_is_refused_before_anything_is_written(tmp_path):
+    """Saved by local steps, a checkpoint falls mid-round (and under DDP, whose processes' steps differ, it hangs)."""
+    mine = ModelCheckpoint(every_n_train_steps=24)
+    with pytest.raises(ValueError, match="every_n_train_steps or train_time_interval would save in the middle of a"):
+        bare_trainer(tmp_path, Federation(rounds=2), mine, enable_checkpointing=True).fit(_model(), datamodule=_dm())
+    assert not (tmp_path / "summary.json").exists()
+
+
 def test_a_run_writes_one_checkpoint_file(tmp_path):
     L.Trainer(
         callbacks=[Federation(rounds=2)],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -121,3 +122,24 @@ def test_a_hook_returning_the_wrong_type_is_named_in_one_line(tmp_path, hook, va
     with pytest.raises(TypeError, match=match) as err:
         tiny_run(tmp_path, method=Wrong, rounds=1, fed_kwargs={"engine": engine})
     assert "\n" not in str(err.value)
+
+
+def test_a_process_other_than_rank_0_spills_client_states_outside_the_run_directory(tmp_path, monkeypatch) -> None:
+    """Spilled states are a process's own cache: only rank 0's live in the run directory; another's go with its fit."""
+    from lightning.pytorch.strategies import SingleDeviceStrategy
+
+    from fl_lightning.methods import SCAFFOLD
+
+    spilled: list[str] = []
+    real = ClientStateStore._path
+
+    def path(self: ClientStateStore, client: int) -> Path:
+        spilled.append(str(self.spill_dir))
+        return real(self, client)
+
+    monkeypatch.setattr(ClientStateStore, "_path", path)
+    monkeypatch.setattr(SingleDeviceStrategy, "is_global_zero", property(lambda self: False))
+    _, fed, _ = tiny_run(tmp_path, method=SCAFFOLD, rounds=2, fed_kwargs={"client_state_mb": 0})
+    assert spilled and not any(folder.startswith(str(tmp_path)) for folder in spilled)
+    assert not (tmp_path / "client_state").exists()
+    assert not Path(spilled[0]).exists()  # removed at the end of the fit

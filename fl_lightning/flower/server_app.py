@@ -104,6 +104,13 @@ def map_partitions(grid: Grid, setup: FlowerSetup, nodes: Sequence[int], timeout
             )
         if partition in clients:
             raise FlowerRunError(f"nodes {clients[partition]} and {node} both hold partition {partition}")
+        held = int(info.get("num-examples", -1))  # type: ignore[arg-type]
+        expected = setup.datamodule.client_sizes[partition] if 0 <= partition < setup.datamodule.num_clients else held
+        if held != expected:  # the server plans steps and weights from its own partition: the node's must be it
+            raise FlowerRunError(
+                f"node {node} holds {held} samples as partition {partition}, where the server's partition holds "
+                f"{expected}: give the node the server's data settings (--data.*)"
+            )
         clients[partition] = node
     missing = [c for c in range(setup.datamodule.num_clients) if c not in clients]
     if missing:
@@ -123,6 +130,11 @@ def run_federation(
     ``min_clients``: the fewest answered clients that complete a round (``None``: every sampled client).
     """
     trainer, dm = setup.trainer, setup.datamodule
+    if setup.federation.eval_local:  # the local models stay on the nodes
+        raise FlowerRunError(
+            "federation.eval_local evaluates every local model on the server's test set, and under Flower the local "
+            "models stay on the nodes; leave it off (cli.py fit measures it)"
+        )
     nodes = wait_for_nodes(grid, dm.num_clients, node_wait)
     clients = map_partitions(grid, setup, nodes, node_wait)
     run_dir = Path(trainer.default_root_dir)
@@ -188,6 +200,7 @@ def _rounds(
             if rnd.diverged:
                 module.load_state_dict(rnd.global_weights)  # keep the last finite global model
                 recorder.finish_diverged(trainer, r + 1, rnd.diverged[0])
+                _close_loggers(trainer, recorder.status)
                 return recorder.history
             update = hooks.server_update if hooks is not None else None
             module.load_state_dict(fed.server_step(rnd, server, update))
@@ -198,14 +211,24 @@ def _rounds(
                 diverged = recorder.divergence(fed.collapse_rounds, dm.num_test_classes)
                 if diverged is not None:
                     recorder.finish_diverged(trainer, *diverged)
+                    _close_loggers(trainer, recorder.status)
                     return recorder.history
             else:
                 recorder.end_round(trainer, rnd, None)
     except BaseException as err:
         recorder.end_with(trainer, err)
+        _close_loggers(trainer, recorder.status)
         raise
     recorder.end(trainer, fed.rounds)
+    _close_loggers(trainer, recorder.status)
     return recorder.history
+
+
+def _close_loggers(trainer: Any, status: str) -> None:
+    """What Lightning does with the loggers at a fit's end: write what they hold (a CSVLogger's rows), then close."""
+    for logger in trainer.loggers:
+        logger.save()
+        logger.finalize("success" if status == "completed" else "failed")
 
 
 def _loss_of(content: RecordDict) -> float:
