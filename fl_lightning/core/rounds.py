@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from fl_lightning.core.aggregation import StateAccumulator, UploadAccumulator
-from fl_lightning.core.distributed import all_gather_object, assign_clients
+from fl_lightning.core.distributed import all_gather_object, assign_clients, is_distributed, to_device
 from fl_lightning.core.evaluation import Evaluation
 from fl_lightning.core.metrics import forgetting_degree
 
@@ -295,7 +295,9 @@ class RoundState:
             raise RuntimeError(f"round {self.plan.round + 1} ended after {self.done} of its {len(self.slots)} clients")
         self._states.all_reduce()
         self._uploads.all_reduce()
-        gathered = all_gather_object((self.client_states, self.losses, self.local_evals))
+        # On the CPU before pickling: a CUDA tensor would be unpickled onto its own GPU in every other process.
+        states = to_device(self.client_states, "cpu") if is_distributed() else self.client_states
+        gathered = all_gather_object((states, self.losses, self.local_evals))
         if len(gathered) > 1:
             for states, losses, evals in gathered:
                 for client, state in states.items():
