@@ -19,7 +19,7 @@ from fl_lightning.core.augment import BatchTransform, InputNormalization
 from fl_lightning.core.batches import ClientGroup
 from fl_lightning.core.context import ClientContext, ServerContext
 from fl_lightning.core.distributed import all_reduce_sum_
-from fl_lightning.core.evaluation import Counts, Evaluation, add_counts, batch_counts
+from fl_lightning.core.evaluation import Counts, Evaluation, add_counts, batch_counts, unpadded
 from fl_lightning.core.models import MODELS, build_model, net_name
 from fl_lightning.lightning_internals import counted_step, has_trainer, record_initial_hparam
 
@@ -515,11 +515,19 @@ class FedAvg(FederatedHooks, L.LightningModule):
 
     def _add_eval_counts(self, stage: str, batch: tuple[Tensor, Tensor]) -> None:
         x, y = batch
-        logits = self(x)
+        seen: dict[str, int] = self.__dict__.setdefault("_eval_seen", {})
+        loaders = self.trainer.val_dataloaders if stage == "val" else self.trainer.test_dataloaders
+        loader = loaders[0] if isinstance(loaders, list | tuple) else loaders
+        keep = unpadded(getattr(loader, "sampler", None), seen.get(stage, 0), len(y))  # several processes: no repeats
+        seen[stage] = seen.get(stage, 0) + len(y)
+        if keep == 0:
+            return
+        logits = self(x[:keep])
         counts: dict[str, Counts] = self.__dict__.setdefault("_eval_counts", {})
-        counts[stage] = add_counts(counts.get(stage), batch_counts(logits, y, logits.shape[-1]))
+        counts[stage] = add_counts(counts.get(stage), batch_counts(logits, y[:keep], logits.shape[-1]))
 
     def _log_eval_counts(self, stage: str) -> None:
+        self.__dict__.get("_eval_seen", {}).pop(stage, None)
         counts = self.__dict__.get("_eval_counts", {}).pop(stage, None)
         if counts is None:
             return

@@ -189,3 +189,21 @@ def test_a_class_absent_from_the_data_scores_zero():
     counts = batch_counts(torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.0, 1.0]]), torch.tensor([0, 0]), 3)
     result = Evaluation.from_counts(counts)
     assert result.acc == 0.5 and result.class_acc.tolist() == [0.5, 0.0, 0.0]
+
+
+@pytest.mark.parametrize(("n", "world", "batch"), [(21, 2, 4), (5, 4, 1), (7, 3, 5), (6, 3, 2)])
+def test_evaluation_shares_without_padding_count_every_sample_once(n: int, world: int, batch: int) -> None:
+    """Lightning's DistributedSampler pads the processes' shares; ``unpadded`` keeps each sample once over them."""
+    from torch.utils.data import DistributedSampler
+
+    from fl_lightning.core.evaluation import unpadded
+
+    counted: list[int] = []
+    for rank in range(world):
+        share = list(DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=False))
+        seen = 0
+        for start in range(0, len(share), batch):
+            part = share[start : start + batch]
+            counted += part[: unpadded(DistributedSampler(range(n), world, rank, shuffle=False), seen, len(part))]
+            seen += len(part)
+    assert sorted(counted) == list(range(n))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -103,3 +104,23 @@ def evaluate(
     if world > 1:
         all_reduce_sum_(counts)
     return Evaluation.from_counts(counts)
+
+
+def unpadded(sampler: Any, seen: int, size: int) -> int:
+    """How many of the next ``size`` samples a process evaluates, ``seen`` already: its share without the padding.
+
+    Lightning shards a validation or test set over processes with a ``DistributedSampler``, which pads the shares to
+    equal size by repeating the first samples; counted, those would be counted twice. With any other sampler (one
+    process, or a sampler of your own) every sample counts.
+
+    >>> from torch.utils.data import DistributedSampler
+    >>> shares = [DistributedSampler(range(5), num_replicas=2, rank=r, shuffle=False) for r in (0, 1)]
+    >>> [list(s) for s in shares], [unpadded(s, 0, 3) for s in shares]
+    ([[0, 2, 4], [1, 3, 0]], [3, 2])
+    """
+    from torch.utils.data import DistributedSampler
+
+    if not isinstance(sampler, DistributedSampler) or sampler.shuffle or sampler.drop_last:
+        return size
+    own = len(range(sampler.rank, len(sampler.dataset), sampler.num_replicas))  # type: ignore[arg-type]
+    return max(0, min(size, own - seen))
