@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from fl_lightning.core.augment import BatchTransform
 from fl_lightning.core.batches import ClientBatches, ClientGroup
-from fl_lightning.core.context import ClientContext, checked_upload
+from fl_lightning.core.context import ClientContext
 from fl_lightning.core.evaluation import Evaluation
 from fl_lightning.core.gpu_memory import PeakMemory, StackedMemory
 from fl_lightning.core.messages import first_line
@@ -45,7 +45,7 @@ from fl_lightning.core.step_capture import StepCache
 from fl_lightning.data import FederatedDataModule
 from fl_lightning.executor import ClientExecutor
 from fl_lightning.lightning_internals import count_optimizer_steps
-from fl_lightning.module import FedAvg, FederatedHooks
+from fl_lightning.module import FedAvg, FederatedHooks, client_upload
 from fl_lightning.stacked import StackedClient, train_stacked
 
 
@@ -242,7 +242,7 @@ class BatchedClients(ClientExecutor):
                         bound_attributes(module, members[i].attributes),
                         rng.active() if rng is not None else contextlib.nullcontext(),
                     ):
-                        upload = checked_upload(type(module).__name__, module.on_client_end(ctx))
+                        upload = client_upload(module, ctx)
                 loss = result.losses[k]
                 losses.append(loss)
                 self.end_client(module, positions[i], ctx, loss, weights, upload)

@@ -554,5 +554,6 @@ class FederatedDataModule(L.LightningDataModule):
         # A local step's batch: augmented from its own seed (RoundBatches.augment_seeds), not the global generator
         # (which a train_dataloader of your own, queueing no seeds, draws from, as Lightning's loop does).
         seeds = self._train_round.augment_seeds if self._train_round is not None else None
-        generator = torch.Generator().manual_seed(seeds.popleft()) if seeds else None
+        seed = seeds.popleft() if seeds else None  # taken whether or not it is used: the queue stays in step
+        generator = torch.Generator().manual_seed(seed) if seed is not None and transform.augments else None
         return transform(x, train=True, generator=generator), y

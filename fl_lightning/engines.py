@@ -22,7 +22,7 @@ from fl_lightning.batched import BatchedClients
 from fl_lightning.core.evaluation import Evaluation
 from fl_lightning.core.gpu_memory import GIB, MIB, PeakMemory, fitting_group, memory_budget
 from fl_lightning.core.messages import first_line
-from fl_lightning.core.models import in_mode
+from fl_lightning.core.models import in_mode, trainable
 from fl_lightning.core.stacked_conv import lowered_convolutions
 from fl_lightning.core.stacking import overrides, stacked_state
 from fl_lightning.core.state import ClientStateStore
@@ -229,8 +229,7 @@ def batching_refusal(
         kinds = ", ".join(type(o).__name__ for o in optimizers) or "none"
         return f"its optimizer is {kinds}; the batched engine runs torch.optim.SGD"
     groups = optimizers[0].param_groups
-    trainable = {id(p) for p in module.parameters() if p.requires_grad}
-    if len(groups) != 1 or {id(p) for p in groups[0]["params"]} != trainable:
+    if len(groups) != 1 or {id(p) for p in groups[0]["params"]} != {id(p) for _, p in trainable(module)}:
         return "its SGD has several parameter groups, or does not train every trainable parameter"
     return None
 

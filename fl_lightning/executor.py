@@ -18,13 +18,13 @@ import lightning as L
 import torch
 from torch import Tensor
 
-from fl_lightning.core.context import ClientContext, checked_upload
+from fl_lightning.core.context import ClientContext
 from fl_lightning.core.distributed import to_device
 from fl_lightning.core.evaluation import Evaluation
 from fl_lightning.core.rounds import RoundState, round_seed, seed_torch
 from fl_lightning.core.state import ClientStateStore
 from fl_lightning.data import FederatedDataModule
-from fl_lightning.module import FedAvg, FederatedHooks
+from fl_lightning.module import FedAvg, FederatedHooks, client_upload
 
 
 class ClientExecutor:
@@ -126,11 +126,7 @@ class ClientExecutor:
         rnd = self.round
         assert rnd is not None
         if upload is None:
-            upload = (
-                checked_upload(type(module).__name__, module.on_client_end(ctx))
-                if isinstance(module, FederatedHooks)
-                else {}
-            )
+            upload = client_upload(module, ctx)
         if weights is None:
             weights = module.state_dict()
         if rnd.add_client(pos, weights, upload, loss, ctx.client, ctx.state):

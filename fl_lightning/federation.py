@@ -27,11 +27,12 @@ from typing_extensions import override
 from fl_lightning import rules
 from fl_lightning.checkpoint import verify_checkpoints_on_load
 from fl_lightning.core import faults
-from fl_lightning.core.context import ServerContext, checked_payload
+from fl_lightning.core.context import ServerContext
 from fl_lightning.core.distributed import end_process_group_at_exit, is_distributed, rank_and_world, to_device
 from fl_lightning.core.evaluation import Evaluation
 from fl_lightning.core.gpu_memory import GIB, MIB, StackedMemory, fitting_group
 from fl_lightning.core.messages import require
+from fl_lightning.core.models import trainable
 from fl_lightning.core.rounds import RoundPlan, RoundState, num_sampled, process_share
 from fl_lightning.core.run_lock import RunDirClaim
 from fl_lightning.core.server import FederatedServer, server_optimizer_of, upgrade_state
@@ -42,7 +43,7 @@ from fl_lightning.data import FederatedDataModule
 from fl_lightning.engines import ENGINES, choose_executor
 from fl_lightning.executor import ClientExecutor
 from fl_lightning.lightning_internals import set_logged_step
-from fl_lightning.module import FedAvg, FederatedHooks
+from fl_lightning.module import FedAvg, FederatedHooks, round_payload
 from fl_lightning.progress import quiet_lightning, use_round_bars
 from fl_lightning.recorder import RunRecorder, run_info
 
@@ -287,12 +288,12 @@ class Federation(Callback, FederatedServer):
         slots, local = process_share(plan, *rank_and_world())
         lr = rules.set_round_lr(trainer, plan.lr_scale)
         weights = self.weights_for(plan, self.dm.client_sizes)
-        keys = frozenset(name for name, p in pl_module.named_parameters() if p.requires_grad)
+        keys = frozenset(name for name, _ in trainable(pl_module))
         server = self.dm.server_context(
             plan, weights, global_weights={}, param_keys=keys, state=self.server_state, device=pl_module.device
         )
         hooks = pl_module if isinstance(pl_module, FederatedHooks) else None
-        payload = checked_payload(type(hooks).__name__, hooks.on_round_start(server)) if hooks is not None else {}
+        payload = round_payload(pl_module, server)
         # Snapshot after the hook, so that whatever it set in the module reaches every client of the round.
         server.global_weights = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
         self._round = RoundState(

@@ -17,7 +17,7 @@ from torch.func import functional_call
 
 from fl_lightning.core import losses
 from fl_lightning.core.context import ClientContext, ServerContext
-from fl_lightning.core.models import in_mode, require_features
+from fl_lightning.core.models import in_mode, require_features, trainable
 from fl_lightning.core.registry import Registry, named_subclass
 from fl_lightning.module import FedAvg, frozen_forward, has_batch_norm
 
@@ -431,20 +431,11 @@ def _first_per_class(labels: Tensor, k: int) -> Tensor:
 # per state: cheap to checkpoint, to reduce over clients, and to split into per-parameter views).
 
 
-def _trainable(module: nn.Module) -> list[tuple[str, Tensor]]:
-    """The module's trainable parameters (``requires_grad``) by name, in ``named_parameters()`` order.
-
-    The parameters a local step updates and :meth:`~fl_lightning.module.FederatedHooks.local_gradient` receives
-    gradients for: a frozen parameter has no control variate, Fisher or dual variable.
-    """
-    return [(name, p) for name, p in module.named_parameters() if p.requires_grad]
-
-
 def _named(module: nn.Module, names: Iterable[str]) -> list[Tensor]:
     """``module``'s parameters of these ``names``, in their order.
 
     Inside a stacked step ``requires_grad`` of a bound parameter does not say whether it is trained: a loss takes the
-    names :func:`_trainable` chose outside it, in ``on_client_start``.
+    names :func:`~fl_lightning.core.models.trainable` chose outside it, in ``on_client_start``.
     """
     params = dict(module.named_parameters())
     return [params[name] for name in names]
@@ -452,24 +443,24 @@ def _named(module: nn.Module, names: Iterable[str]) -> list[Tensor]:
 
 def _param_vector(module: nn.Module) -> Tensor:
     """The module's trainable parameters, flattened and concatenated (detached)."""
-    return torch.cat([p.detach().reshape(-1) for _, p in _trainable(module)])
+    return torch.cat([p.detach().reshape(-1) for _, p in trainable(module)])
 
 
 def _state_vector(state: Mapping[str, Tensor], module: nn.Module) -> Tensor:
-    """The entries of a state dict that are ``module``'s trainable parameters, flattened in :func:`_trainable` order."""
-    return torch.cat([state[name].detach().reshape(-1) for name, _ in _trainable(module)])
+    """The entries of a state dict that are ``module``'s trainable parameters, flattened in ``trainable`` order."""
+    return torch.cat([state[name].detach().reshape(-1) for name, _ in trainable(module)])
 
 
 def _param_views(vector: Tensor, module: nn.Module) -> list[Tensor]:
     """``vector`` split into views shaped like ``module``'s trainable parameters (no copy)."""
-    shapes = [p.shape for _, p in _trainable(module)]
+    shapes = [p.shape for _, p in trainable(module)]
     return [v.view(shape) for v, shape in zip(vector.split([s.numel() for s in shapes]), shapes, strict=True)]
 
 
 def _with_params(state: Mapping[str, Tensor], vector: Tensor, module: nn.Module) -> dict[str, Tensor]:
     """A copy of ``state`` whose trainable parameters' entries are taken from ``vector`` (the rest kept)."""
     out = dict(state)
-    for (name, _), value in zip(_trainable(module), _param_views(vector, module), strict=True):
+    for (name, _), value in zip(trainable(module), _param_views(vector, module), strict=True):
         out[name] = value.to(state[name].dtype)
     return out
 
@@ -601,7 +592,7 @@ class FedDyn(FedAvg):
 
     def on_client_start(self, client: ClientContext) -> None:
         """Keep w_g and this client's h_k (``None`` before its first round: no linear term)."""
-        names = [name for name, _ in _trainable(self)]
+        names = [name for name, _ in trainable(self)]
         self._global_params = {name: client.global_weights[name] for name in names}
         h_k = client.state.get("h")
         self._h_k = None if h_k is None else dict(zip(names, _param_views(h_k.to(self.device), self), strict=True))
@@ -782,7 +773,7 @@ class FedCurv(FedAvg):
         if client.state.get("round") == client.round - 1:
             f_k, w_k = client.state["fisher"].to(self.device), client.state["weights"].to(self.device)
             f, fw, fw2 = f - f_k, fw - f_k * w_k, fw2 - f_k * w_k * w_k
-        names = [name for name, _ in _trainable(self)]
+        names = [name for name, _ in trainable(self)]
         self._sums = [dict(zip(names, _param_views(s, self), strict=True)) for s in (f, fw, fw2)]
 
     def client_loss(self, x: Tensor, y: Tensor) -> Tensor:
@@ -803,7 +794,7 @@ class FedCurv(FedAvg):
         # Per-sample gradients take chunk x model size: at most 64 samples and about 2^28 floats (1 GiB) at a time.
         chunk = max(1, min(64, 2**28 // max(1, sum(p.numel() for p in self.net.parameters()))))
         fisher = losses.diagonal_fisher(self.net, inputs, y.to(self.device), batch_size=chunk)
-        f_k = torch.cat([fisher[name[len("net.") :]].reshape(-1) for name, _ in _trainable(self)])
+        f_k = torch.cat([fisher[name[len("net.") :]].reshape(-1) for name, _ in trainable(self)])
         w_k = _param_vector(self).float()
         client.state.update(fisher=f_k, weights=w_k, round=client.round)
         return {"fisher": f_k, "fisher_w": f_k * w_k, "fisher_w2": f_k * w_k * w_k}

@@ -17,10 +17,10 @@ from torch import Tensor, nn
 
 from fl_lightning.core.augment import BatchTransform, InputNormalization
 from fl_lightning.core.batches import ClientGroup
-from fl_lightning.core.context import ClientContext, ServerContext
+from fl_lightning.core.context import ClientContext, ServerContext, checked_payload, checked_upload
 from fl_lightning.core.distributed import all_reduce_sum_
 from fl_lightning.core.evaluation import Counts, Evaluation, add_counts, batch_counts, unpadded
-from fl_lightning.core.models import MODELS, build_model, net_name
+from fl_lightning.core.models import MODELS, build_model, net_name, trainable
 from fl_lightning.lightning_internals import counted_step, has_trainer, record_initial_hparam
 
 #: Where a method's checkpoint holds its :class:`~fl_lightning.core.augment.InputNormalization` statistics.
@@ -189,6 +189,20 @@ class FederatedHooks:
                 "(the Federation callback refreshes it when teacher_needed(client) is True)"
             )
         return frozen_forward(teachers[0], x)
+
+
+def round_payload(module: object, server: ServerContext) -> dict[str, Any]:
+    """What every client of the round receives: the module's ``on_round_start``, checked (``{}`` without hooks)."""
+    if not isinstance(module, FederatedHooks):
+        return {}
+    return checked_payload(type(module).__name__, module.on_round_start(server))
+
+
+def client_upload(module: object, client: ClientContext) -> Mapping[str, Tensor]:
+    """What a client sends up with its weights: the module's ``on_client_end``, checked (``{}`` without hooks)."""
+    if not isinstance(module, FederatedHooks):
+        return {}
+    return checked_upload(type(module).__name__, module.on_client_end(client))
 
 
 class TeacherMixin(FederatedHooks):
@@ -393,7 +407,7 @@ class FedAvg(FederatedHooks, L.LightningModule):
     def configure_optimizers(self) -> torch.optim.Optimizer:
         """Local SGD over the trainable parameters; its state is reset at the start of every client's update."""
         return torch.optim.SGD(
-            [p for p in self.parameters() if p.requires_grad],
+            [p for _, p in trainable(self)],
             lr=self.hparams["lr"],
             momentum=self.hparams["momentum"],
             weight_decay=self.hparams["weight_decay"],
@@ -439,7 +453,7 @@ class FedAvg(FederatedHooks, L.LightningModule):
     def _apply_local_gradient(self) -> None:
         if type(self).local_gradient is FederatedHooks.local_gradient:
             return
-        params = [p for p in self.parameters() if p.requires_grad]
+        params = [p for _, p in trainable(self)]
         grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in params]
         for p, g in zip(params, self.local_gradient(grads), strict=True):
             p.grad = g
@@ -465,11 +479,11 @@ class FedAvg(FederatedHooks, L.LightningModule):
         """Restore the input normalisation (a checkpoint without it leaves it as it is)."""
         # The local SGD's state is reset for every client, so a checkpoint's is never used; one written before frozen
         # parameters were left out of the SGD lists them too, which torch would refuse to load: give it today's shape.
-        trainable = sum(1 for p in self.parameters() if p.requires_grad)
+        count = len(trainable(self))
         for state in checkpoint.get("optimizer_states", []):
             groups = state.get("param_groups", [])
-            if len(groups) == 1 and len(groups[0].get("params", [])) != trainable:
-                groups[0]["params"] = list(range(trainable))
+            if len(groups) == 1 and len(groups[0].get("params", [])) != count:
+                groups[0]["params"] = list(range(count))
                 state["state"] = {}
         stats = checkpoint.get(INPUT_NORMALIZATION_KEY)
         if stats is not None:

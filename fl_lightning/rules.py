@@ -390,7 +390,7 @@ def prepare_trainer(trainer: L.Trainer, rounds: int) -> None:
             callback.save_last = True
     # Every checkpoint callback writing elsewhere (each with a dirpath of its own): the run keeps its last.ckpt too.
     checkpoints = [c for c in callbacks if isinstance(c, ModelCheckpoint)]
-    if checkpoints and all(os.path.abspath(str(c.dirpath)) != os.path.abspath(here) for c in checkpoints):
+    if checkpoints and os.path.abspath(here) not in {os.path.abspath(str(c.dirpath)) for c in checkpoints}:
         last = AtomicLastCheckpoint()
         last.dirpath = here
         callbacks.append(last)

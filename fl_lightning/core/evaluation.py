@@ -22,6 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.data import DistributedSampler
 
 from fl_lightning.core.distributed import all_reduce_sum_
 from fl_lightning.core.models import in_mode
@@ -118,8 +119,6 @@ def unpadded(sampler: Any, seen: int, size: int) -> int:
     >>> [list(s) for s in shares], [unpadded(s, 0, 3) for s in shares]
     ([[0, 2, 4], [1, 3, 0]], [3, 2])
     """
-    from torch.utils.data import DistributedSampler
-
     if not isinstance(sampler, DistributedSampler) or sampler.shuffle or sampler.drop_last:
         return size
     own = len(range(sampler.rank, len(sampler.dataset), sampler.num_replicas))  # type: ignore[arg-type]

@@ -241,6 +241,15 @@ def build_model(name: str, in_channels: int, image_size: ImageSize, num_classes:
     return MODELS[name](in_channels, image_size, num_classes)
 
 
+def trainable(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """The module's trainable parameters (``requires_grad``) by name, in ``named_parameters()`` order.
+
+    What a local step updates, the server optimizer steps and a method's parameter-space state (control variates,
+    dual variables, Fisher) covers: a frozen parameter is none of these.
+    """
+    return [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+
+
 @contextlib.contextmanager
 def in_mode(module: nn.Module, training: bool) -> Iterator[nn.Module]:
     """``module`` in training (or evaluation) mode for the block, back in its own mode after it, even on an error."""

@@ -32,13 +32,12 @@ from torch import Tensor
 
 from fl_lightning import rules
 from fl_lightning.core.batches import ClientBatches
-from fl_lightning.core.context import checked_upload
 from fl_lightning.core.rounds import RoundPlan, RoundState
 from fl_lightning.core.state import ClientStateStore
 from fl_lightning.executor import SequentialClients
 from fl_lightning.flower.build import FlowerSetup, build
 from fl_lightning.flower.messages import get_tree, get_weights, put_tree, put_weights
-from fl_lightning.module import FederatedHooks
+from fl_lightning.module import client_upload
 
 #: Where a node keeps its client's persistent method state between rounds (in ``Context.state``).
 STATE_NAME = "fl_lightning.client_state"
@@ -95,11 +94,7 @@ class _OneClient(SequentialClients):
     ) -> None:
         """Keep the client's results (copied to the CPU), then end it as every executor does."""
         if upload is None:
-            upload = (
-                checked_upload(type(module).__name__, module.on_client_end(ctx))
-                if isinstance(module, FederatedHooks)
-                else {}
-            )
+            upload = client_upload(module, ctx)
         if weights is None:
             weights = module.state_dict()
         self.sent = (

@@ -41,11 +41,12 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from fl_lightning import rules
-from fl_lightning.core.context import checked_payload
+from fl_lightning.core.models import trainable
 from fl_lightning.core.rounds import RoundPlan, RoundState
 from fl_lightning.core.run_lock import RunDirClaim
 from fl_lightning.flower.build import FlowerSetup, build, split_options
 from fl_lightning.flower.messages import get_tree, get_weights, put_tree, put_weights
+from fl_lightning.module import round_payload
 from fl_lightning.recorder import RunRecorder, run_info
 
 
@@ -167,11 +168,11 @@ def _rounds(
             plan = fed.plan_for(r, dm.client_sizes, dm.batch_size, dm.drop_last)
             lr = rules.set_round_lr(trainer, plan.lr_scale)
             weights = fed.weights_for(plan, dm.client_sizes)
-            keys = frozenset(name for name, p in module.named_parameters() if p.requires_grad)
+            keys = frozenset(name for name, _ in trainable(module))
             server = dm.server_context(
                 plan, weights, global_weights={}, param_keys=keys, state=fed.server_state, device=module.device
             )
-            payload = checked_payload(type(hooks).__name__, hooks.on_round_start(server)) if hooks is not None else {}
+            payload = round_payload(module, server)
             server.global_weights = {k: v.detach().clone() for k, v in module.state_dict().items()}
             rnd = RoundState(
                 plan,
