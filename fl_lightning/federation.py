@@ -28,7 +28,13 @@ from fl_lightning import rules
 from fl_lightning.checkpoint import verify_checkpoints_on_load
 from fl_lightning.core import faults
 from fl_lightning.core.context import ServerContext
-from fl_lightning.core.distributed import end_process_group_at_exit, is_distributed, rank_and_world, to_device
+from fl_lightning.core.distributed import (
+    all_gather_object,
+    end_process_group_at_exit,
+    is_distributed,
+    rank_and_world,
+    to_device,
+)
 from fl_lightning.core.evaluation import Evaluation
 from fl_lightning.core.gpu_memory import GIB, MIB, StackedMemory, fitting_group
 from fl_lightning.core.messages import require
@@ -256,6 +262,8 @@ class Federation(Callback, FederatedServer):
         )
         self._budget = choice.memory_budget
         self.executor, self.engine_used, self.client_group = choice.executor, choice.engine, choice.group_size
+        if self._budget is not None:  # chosen from this process's GPU memory: the processes take the smallest
+            self.client_group = _agreed_group(choice.group_size)
         self.recorder.info["engine"] = choice.engine
         self.recorder.info["step_capture"] = choice.step_capture
         self.recorder.info["stacked_conv"] = self.stacked_conv if choice.engine == "batched" else None
@@ -328,9 +336,12 @@ class Federation(Callback, FederatedServer):
     def on_before_optimizer_step(
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
-        """Per-step batches of a module with hooks: its ``before_local_step`` runs here."""
-        assert self.executor is not None
-        self.executor.before_optimizer_step(pl_module)
+        """Per-step batches of a module with hooks: its ``before_local_step`` runs here.
+
+        Outside a fit (a Flower ClientApp's local step through a gradient scaler) there is no executor: nothing to do.
+        """
+        if self.executor is not None:
+            self.executor.before_optimizer_step(pl_module)
 
     @override
     def on_train_batch_end(
@@ -386,15 +397,21 @@ class Federation(Callback, FederatedServer):
     def _fit_group_to_memory(self, trainer: L.Trainer) -> None:
         """Report the peak GPU memory per stacked client once measured; re-fit a chosen group size to it."""
         memory = getattr(self.executor, "memory", None)
-        if not isinstance(memory, StackedMemory) or memory.per_client <= 0 or self.recorder is None:
+        if not isinstance(memory, StackedMemory) or self.recorder is None:
             return
-        mib = round(memory.per_client / MIB, 1)
-        if self.recorder.info.get("gpu_memory_per_client_mib") != mib:
-            self.recorder.info["gpu_memory_per_client_mib"] = mib
-            self.recorder.say(trainer, memory.describe())
+        if memory.per_client > 0:
+            mib = round(memory.per_client / MIB, 1)
+            if self.recorder.info.get("gpu_memory_per_client_mib") != mib:
+                self.recorder.info["gpu_memory_per_client_mib"] = mib
+                self.recorder.say(trainer, memory.describe())
         if self._budget is not None and self.client_group is not None:
+            # Every process (also one that measured nothing: it trained only padding) takes part in the agreement:
+            # processes that train different numbers of batches in a round mismatch Lightning's per-batch collectives.
             clients = num_sampled(self.dm.num_clients, self.sample_ratio) if self.dm is not None else self.client_group
-            fitted = fitting_group(self._budget, 0.0, memory.per_client, clients)
+            own = self.client_group
+            if memory.per_client > 0:
+                own = fitting_group(self._budget, 0.0, memory.per_client, clients)
+            fitted = _agreed_group(own)
             if fitted != self.client_group:
                 self.recorder.say(
                     trainer,
@@ -477,6 +494,18 @@ class Federation(Callback, FederatedServer):
         if state_dict.get("record") is not None:
             self.recorder.load_state_dict(state_dict["record"])
         self.load_server_state(state_dict)
+
+
+def _agreed_group(group: int | None) -> int | None:
+    """The smallest of the processes' group sizes (all processes must call it together).
+
+    A group size fitted to a process's own GPU memory can differ between processes; with different sizes they train
+    different numbers of training batches per round, and Lightning's per-batch broadcast (its SIGTERM check) then
+    meets another process's end-of-round gather: the fit hangs.
+    """
+    if group is None or not is_distributed():
+        return group
+    return min(all_gather_object(group))
 
 
 def _checked_data(trainer: L.Trainer, pl_module: L.LightningModule) -> FederatedDataModule:

@@ -35,7 +35,10 @@ from fl_lightning.lightning_internals import checkpoints_within_epochs
 from fl_lightning.module import FedAvg
 
 #: Precisions that run on the CPU (Lightning would quietly turn 16-mixed into bf16-mixed there).
-CPU_PRECISIONS = ("32-true", "32", "64-true", "64", "bf16-mixed")
+CPU_PRECISIONS = ("32-true", "32", "bf16-mixed")
+#: Precisions that convert the module's weights (Lightning's ``*-true``): the training and test batches, transformed
+#: lazily into float32, would meet weights of another dtype ("Input type (float) and bias type ... should be the same").
+CONVERTING_PRECISIONS = ("64-true", "64", "bf16-true", "16-true", "transformer-engine", "transformer-engine-float16")
 #: The precisions whose gradient scaler can skip an optimizer step.
 SCALED_PRECISIONS = ("16-mixed", "16")
 #: What Lightning sets ``max_epochs`` to when a fit starts with it unset (and ``max_steps`` unset).
@@ -95,10 +98,15 @@ def check_precision(precision: str | int, on_cpu: bool, exact_steps_method: str 
         ValueError: one line saying which precision to use instead.
     """
     precision = str(precision)
+    if precision in CONVERTING_PRECISIONS:
+        raise ValueError(
+            f"trainer option precision={precision!r} converts the weights, and the federation's batches are float32; "
+            "use --trainer.precision 32-true or bf16-mixed (16-mixed on a GPU without bfloat16)"
+        )
     if on_cpu and precision not in CPU_PRECISIONS:
         raise ValueError(
             f"trainer option precision={precision!r} needs a CUDA GPU; on the CPU use --trainer.precision 32-true "
-            "(or 64-true, bf16-mixed)"
+            "(or bf16-mixed)"
         )
     if exact_steps_method is not None and precision in SCALED_PRECISIONS:
         raise ValueError(

@@ -83,17 +83,25 @@ def attach(setup: FlowerSetup) -> None:
     """Set the data up and attach the Trainer to the module once, as a fit would before its first round.
 
     The module gets its device, the datamodule's input normalisation and its optimizer; its local steps call the
-    optimizer directly (the path a fit on one device without a gradient scaler takes).
+    optimizer directly (the path a fit on one device without a gradient scaler takes), or, with a gradient scaler
+    (``16-mixed``) or ``step_hooks``, through Lightning's backward and optimizer step, as such a fit does.
     """
     trainer, module, dm = setup.trainer, setup.module, setup.datamodule
     assert isinstance(module, FedAvg)
     dm.setup("fit")
     rules.check_pieces(trainer, module, dm, module.holdout_per_class_required)  # the checks a fit makes at setup
+    # and its precision check: a gradient scaler (16-mixed) can skip steps that SCAFFOLD, FedNova, ... count
+    exact = module.method_name if module.needs_exact_steps else None
+    rules.check_precision(str(trainer.precision), trainer.strategy.root_device.type == "cpu", exact)
     trainer.strategy.connect(module)
     module.trainer = trainer
     module.configure_model()
+    trainer.precision_plugin.convert_module(module)  # as a fit's strategy setup does (no-op for the allowed precisions)
     module.to(trainer.strategy.root_device)
     if dm.transform is not None:
         module.input_normalization.copy_from(dm.transform, module.device)
     trainer.optimizers = [module.configure_optimizers()]
-    module._direct_step = True
+    # As a fit on one device decides (FedAvg.on_fit_start): a gradient scaler (16-mixed) or step_hooks needs
+    # Lightning's backward and optimizer step, which scale the loss and unscale, check and step through the scaler.
+    scaler = getattr(trainer.precision_plugin, "scaler", None)
+    module._direct_step = scaler is None and not module.hparams.get("step_hooks", False)

@@ -6,7 +6,8 @@ weights, the method's upload (what its ``on_client_end`` returned) and the clien
 upload or a client's persistent state is any nest of dicts, lists and tuples whose leaves are tensors or plain values
 (``None``, numbers, strings): :func:`pack` puts its tensors in an ``ArrayRecord`` and its shape, with the plain
 values, in a ``ConfigRecord``; :func:`unpack` rebuilds it. Tensors travel as NumPy arrays of the same dtype, so the
-values arrive bit for bit.
+values arrive bit for bit; a dtype NumPy has no type for (``bfloat16``: a network or state kept in bf16) travels as
+float32, which holds its values exactly, and is cast back on arrival.
 
 >>> import torch
 >>> tree = {"c": {"w": torch.tensor([1.5, 2.0])}, "n": 3, "tag": None, "pair": (torch.tensor(1), 0.5)}
@@ -27,6 +28,28 @@ from torch import Tensor
 
 #: The ``ConfigRecord`` key holding a packed tree's shape.
 SHAPE_KEY = "shape"
+#: The ``ConfigRecord`` key holding the dtypes of the tensors that travel widened (:data:`WIDENED`), by array key.
+DTYPES_KEY = "dtypes"
+#: Tensor dtypes NumPy cannot represent: they travel as float32 (exact for every one of their values).
+WIDENED = (torch.bfloat16,)
+
+
+def _sendable(tensors: Mapping[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """``tensors`` on the CPU, those of a :data:`WIDENED` dtype as float32; and those keys' own dtypes."""
+    out: dict[str, Tensor] = {}
+    dtypes: dict[str, str] = {}
+    for key, value in tensors.items():
+        value = value.detach().cpu()
+        if value.dtype in WIDENED:
+            dtypes[key] = str(value.dtype).removeprefix("torch.")
+            value = value.float()
+        out[key] = value
+    return out, dtypes
+
+
+def _received(tensors: Mapping[str, Tensor], dtypes: Mapping[str, str]) -> dict[str, Tensor]:
+    """``tensors`` with the widened ones cast back to their own dtypes (:func:`_sendable`)."""
+    return {k: v.to(getattr(torch, dtypes[k])) if k in dtypes else v for k, v in tensors.items()}
 
 
 def pack(tree: Any) -> tuple[ArrayRecord, ConfigRecord]:
@@ -39,7 +62,7 @@ def pack(tree: Any) -> tuple[ArrayRecord, ConfigRecord]:
     def walk(node: Any) -> Any:
         if isinstance(node, Tensor):
             key = str(len(tensors))
-            tensors[key] = node.detach().cpu()
+            tensors[key] = node
             return {"t": key}
         if isinstance(node, Mapping):
             if not all(isinstance(k, str) for k in node):
@@ -52,12 +75,18 @@ def pack(tree: Any) -> tuple[ArrayRecord, ConfigRecord]:
         raise TypeError(f"a {type(node).__name__} cannot be sent to or from a Flower client (tensors and plain values)")
 
     shape = walk(tree)
-    return ArrayRecord(torch_state_dict=tensors), ConfigRecord({SHAPE_KEY: json.dumps(shape)})
+    sendable, dtypes = _sendable(tensors)
+    config: dict[str, str] = {SHAPE_KEY: json.dumps(shape)}
+    if dtypes:
+        config[DTYPES_KEY] = json.dumps(dtypes)
+    return ArrayRecord(torch_state_dict=sendable), ConfigRecord(config)
 
 
 def unpack(arrays: ArrayRecord, shape: ConfigRecord) -> Any:
     """The tree that :func:`pack` packed into ``arrays`` and ``shape``."""
     tensors = arrays.to_torch_state_dict() if len(arrays) else {}
+    if DTYPES_KEY in shape:
+        tensors = _received(tensors, json.loads(str(shape[DTYPES_KEY])))
 
     def build(node: dict[str, Any]) -> Any:
         kind, value = next(iter(node.items()))
@@ -92,12 +121,23 @@ def get_tree(content: RecordDict, name: str) -> Any:
 
 
 def put_weights(content: RecordDict, name: str, weights: Mapping[str, Tensor]) -> None:
-    """A model's state dict into ``content[name]`` (an ``ArrayRecord``, on the CPU)."""
-    content[name] = ArrayRecord(torch_state_dict={k: v.detach().cpu() for k, v in weights.items()})
+    """A model's state dict into ``content[name]`` (an ``ArrayRecord``, on the CPU).
+
+    The dtypes of widened tensors (:data:`WIDENED`) go into ``content["<name>.dtypes"]``.
+    """
+    sendable, dtypes = _sendable(weights)
+    content[name] = ArrayRecord(torch_state_dict=sendable)
+    if dtypes:
+        content[f"{name}.{DTYPES_KEY}"] = ConfigRecord({DTYPES_KEY: json.dumps(dtypes)})
 
 
 def get_weights(content: RecordDict, name: str, device: torch.device | str = "cpu") -> dict[str, Tensor]:
-    """The state dict :func:`put_weights` put into ``content[name]``, on ``device``."""
+    """The state dict :func:`put_weights` put into ``content[name]``, on ``device``, in its own dtypes."""
     record = content[name]
     assert isinstance(record, ArrayRecord)
-    return {k: v.to(device) for k, v in record.to_torch_state_dict().items()}
+    tensors = record.to_torch_state_dict()
+    if f"{name}.{DTYPES_KEY}" in content:
+        dtypes = content[f"{name}.{DTYPES_KEY}"]
+        assert isinstance(dtypes, ConfigRecord)
+        tensors = _received(tensors, json.loads(str(dtypes[DTYPES_KEY])))
+    return {k: v.to(device) for k, v in tensors.items()}
