@@ -177,6 +177,7 @@ def test_signal_ends_interrupted_with_exit_4(tmp_path, sig):
 
 
 def test_wandb_defaults_from_the_config(tmp_path):
+    pytest.importorskip("wandb")
     from fl_lightning.cli import resolve_config
 
     run_dir = tmp_path / "my_run"

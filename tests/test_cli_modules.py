@@ -261,6 +261,7 @@ def _wandb_args(tmp_path: Path, *extra: str) -> dict:
 
 
 def test_wandb_group_and_tags_for_a_data_source(tmp_path, own_package, monkeypatch):
+    pytest.importorskip("wandb")
     # Before: group "Namespace(class_path='fl_cli_own.Wine', init_args=Namespace(test_size=0.25, ...))_dirichlet",
     # and W&B refused the run: a tag over 64 characters.
     monkeypatch.setenv("WANDB_MODE", "offline")

@@ -62,10 +62,15 @@ class InProcessGrid:
 
     def __init__(self, apps: list, node_configs: list[dict]) -> None:
         from flwr.app import Context, RecordDict
-        from flwr.supercore.task_identity import TaskIdentity
+
+        try:  # Flower >= 1.38
+            from flwr.supercore.task_identity import TaskIdentity
+        except ImportError:
+            TaskIdentity = None
 
         # what Flower's runtimes set for the ServerApp's messages (run_simulation does the same)
-        TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
+        if TaskIdentity is not None:
+            TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
         self.apps = dict(enumerate(apps, start=1))
         self.contexts = {
             node: Context(run_id=1, node_id=node, node_config=config, state=RecordDict(), run_config={})

@@ -47,7 +47,7 @@ def test_plan_with_full_participation_and_drop_last():
 def test_plan_matches_the_recorded_sampling():
     # Round 0 of seed 0 with 10 of 100 clients: what every run since the first release sampled.
     plan = plan_round(0, seed=0, client_sizes=[600] * 100, sample_ratio=0.1, batch_size=50, local_epochs=5)
-    rng = np.random.default_rng(np.random.SeedSequence([0, 0]).generate_state(1, np.uint64)[0] >> 1)
+    rng = np.random.default_rng(int(np.random.SeedSequence([0, 0]).generate_state(1, np.uint64)[0]) >> 1)
     assert plan.clients == tuple(sorted(int(c) for c in rng.choice(100, 10, replace=False)))
     assert plan.steps == (60,) * 10
 

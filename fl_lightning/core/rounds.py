@@ -76,7 +76,7 @@ def round_seed(*parts: int) -> int:
     >>> round_seed(0, 1) == round_seed(0, 1) != round_seed(0, 2)
     True
     """
-    return int(np.random.SeedSequence(list(parts)).generate_state(1, np.uint64)[0] >> 1)
+    return int(np.random.SeedSequence(list(parts)).generate_state(1, np.uint64)[0]) >> 1
 
 
 def seed_torch(seed: int, device: torch.device | str = "cpu") -> None:

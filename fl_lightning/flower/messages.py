@@ -76,10 +76,10 @@ def pack(tree: Any) -> tuple[ArrayRecord, ConfigRecord]:
 
     shape = walk(tree)
     sendable, dtypes = _sendable(tensors)
-    config: dict[str, str] = {SHAPE_KEY: json.dumps(shape)}
+    config = ConfigRecord({SHAPE_KEY: json.dumps(shape)})
     if dtypes:
         config[DTYPES_KEY] = json.dumps(dtypes)
-    return ArrayRecord(torch_state_dict=sendable), ConfigRecord(config)
+    return ArrayRecord(torch_state_dict=sendable), config
 
 
 def unpack(arrays: ArrayRecord, shape: ConfigRecord) -> Any:
@@ -135,7 +135,7 @@ def get_weights(content: RecordDict, name: str, device: torch.device | str = "cp
     """The state dict :func:`put_weights` put into ``content[name]``, on ``device``, in its own dtypes."""
     record = content[name]
     assert isinstance(record, ArrayRecord)
-    tensors = record.to_torch_state_dict()
+    tensors: Mapping[str, Tensor] = record.to_torch_state_dict()
     if f"{name}.{DTYPES_KEY}" in content:
         dtypes = content[f"{name}.{DTYPES_KEY}"]
         assert isinstance(dtypes, ConfigRecord)
