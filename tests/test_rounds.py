@@ -207,3 +207,33 @@ def test_evaluation_shares_without_padding_count_every_sample_once(n: int, world
             counted += part[: unpadded(DistributedSampler(range(n), world, rank, shuffle=False), seen, len(part))]
             seen += len(part)
     assert sorted(counted) == list(range(n))
+
+
+# ---- sampling, aggregation and metrics against their definitions -----------------------------------------------------
+
+
+def test_clients_per_round_is_ratio_times_n_rounded_not_floored():
+    assert num_sampled(10, 0.37) == 4  # round(3.7)
+    assert num_sampled(20, 0.29) == 6  # round(5.8)
+    assert num_sampled(10, 0.01) == 1  # at least one
+    plan = plan_round(0, seed=0, client_sizes=[5] * 10, sample_ratio=0.37, batch_size=5, local_epochs=1)
+    assert len(plan.clients) == 4 == len(set(plan.clients))
+
+
+def test_integer_buffers_come_from_the_first_client_of_the_round_whatever_order_they_finish_in():
+    from fl_lightning.core.aggregation import StateAccumulator
+
+    acc = StateAccumulator()
+    acc.add({"w": torch.tensor([2.0]), "n": torch.tensor(30)}, 0.5, order=2)
+    acc.add({"w": torch.tensor([4.0]), "n": torch.tensor(10)}, 0.25, order=0)
+    acc.add({"w": torch.tensor([8.0]), "n": torch.tensor(20)}, 0.25, order=1)
+    out = acc.result()
+    assert int(out["n"]) == 10  # slot 0's counter, though slot 2 finished first
+    assert out["w"].item() == pytest.approx(0.5 * 2 + 0.25 * 4 + 0.25 * 8)
+
+
+def test_forgetting_degree_default_xi_keeps_a_class_the_global_model_misses_finite():
+    from fl_lightning.core.metrics import forgetting_degree
+
+    tau = forgetting_degree(np.array([0.0, 0.5]), np.array([0.0, 0.25]))
+    np.testing.assert_allclose(tau, [0.0, 0.25 / (0.5 + 1e-3)])
