@@ -284,6 +284,61 @@ def closest_option(message: str, parser: argparse.ArgumentParser) -> str | None:
     return None
 
 
+#: The data facts the command line passes to the model's ``__init__`` arguments of these names.
+DATA_FACTS = ("num_classes", "in_channels", "image_size")
+
+
+def check_data_facts(given: dict[str, Any], datamodule: Any, from_checkpoint: bool = False) -> None:
+    """Refuse a ``--model.<fact>`` that the data contradicts: the data's value, not the one given, reaches the model.
+
+    Args:
+        given: the model's ``init_args`` for :data:`DATA_FACTS`, as the command line gave them (None: not given).
+        datamodule: the built datamodule, which holds the facts.
+        from_checkpoint: a checkpoint was given, whose hyper-parameters may be where the value came from.
+
+    Raises:
+        ValueError: ``--model.num_classes 5 disagrees with the data ...``.
+    """
+    for fact in DATA_FACTS:
+        value, actual = given.get(fact), getattr(datamodule, fact, None)
+        if value is None or actual is None:
+            continue
+        square = (lambda v: tuple(v) if isinstance(v, list | tuple) else (v, v)) if fact == "image_size" else None
+        if (square(value) == square(actual)) if square is not None else value == actual:
+            continue
+        data = f"the data ({getattr(datamodule, 'dataset', 'the dataset')} has {fact} {actual})"
+        if from_checkpoint:
+            raise ValueError(
+                f"--model.{fact} {value} (given, or the checkpoint's) disagrees with {data}; give the data the "
+                f"checkpoint's model was trained on, or leave --model.{fact} out"
+            )
+        raise ValueError(f"--model.{fact} {value} disagrees with {data}, whose value the model gets; leave it out")
+
+
+def linked_option(message: str) -> str | None:
+    """What to do when an option set from another one is given (``--trainer.max_epochs``), else None.
+
+    >>> linked_option("argument federation.rounds --> trainer.max_epochs: invalid Optional value: '5'").split(";")[0]
+    '--trainer.max_epochs is set from --federation.rounds (one epoch is one round)'
+    """
+    linked = re.fullmatch(r"argument (\S+) --> (\S+): .*", message.strip())
+    if linked is None:
+        return None
+    source, target = linked.groups()
+    why = " (one epoch is one round)" if target.endswith("max_epochs") else ""
+    return f"--{target} is set from --{source}{why}; leave it out and set --{source}"
+
+
+#: The seeds numpy (and so Lightning's ``seed_everything``) accepts.
+SEED_RANGE = (0, 2**32 - 1)
+
+
+def check_seed(seed: Any) -> None:
+    """Refuse a ``--seed_everything`` outside :data:`SEED_RANGE` (``true``: a random seed, and None are fine)."""
+    if isinstance(seed, int) and not isinstance(seed, bool) and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+        raise ValueError(f"--seed_everything {seed}: a seed must be between {SEED_RANGE[0]} and {SEED_RANGE[1]}")
+
+
 def missing_method(message: str) -> str | None:
     """What to do when a parser refuses a fit without a method (``required: fit.model``), else None."""
     if re.fullmatch(r"the following arguments are required: (\w+\.)?model", message.strip()) is None:

@@ -35,8 +35,7 @@ def one_line(err: BaseException) -> str:
         given = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("Given value:")), None)
         name = lines[0].split('"')[1] if lines[0].startswith("Parser key") and '"' in lines[0] else ""
         if name and types:
-            names = ["None" if t == "NoneType" else t for t in types]
-            return f"--{name}: expected {' or '.join(names)}, got {given!r}"
+            return f"--{name}: {_expected_types(types, given or '')}"
         return lines[0]
     if isinstance(err, ArgumentError) or type(err).__name__ == "ArgumentError":
         return _parser_line(lines)
@@ -109,7 +108,12 @@ def _class_argument_reason(text: str) -> str | None:
                 return innermost(children) or line
             if line == "Errors:":
                 real = [b for b in children if not re.fullmatch(r"(- )?Expected a <class '[^']*'>", b[0])]
-                return innermost(real[:1]) if real else None
+                if real:
+                    return innermost(real[:1])
+                # Every member of an optional type only says "Expected a <class 'X'>": name them and the value.
+                types = [b[0].split("'")[1] for b in children if "'" in b[0]]
+                given = next((ln.split(":", 1)[1].strip() for ln, _ in level if ln.startswith("Given value:")), None)
+                return _expected_types(types, given) if types and given is not None else None
             if line.startswith(("Subtypes:", "Given value", "Does not validate against any of the Union")):
                 continue
             return line
@@ -142,6 +146,22 @@ def _expected(reason: str) -> str:
     if kind == "float" and value.strip().lower() in _NOT_FINITE:
         return f"expected a finite float, got {value!r} ({'not a number' if 'nan' in value.lower() else 'infinite'})"
     return f"expected {kind}, got {value!r}"
+
+
+def _expected_types(types: list[str], value: str) -> str:
+    """``expected float or None, got 'x'``; a float's nan or inf is named as such.
+
+    >>> _expected_types(["float", "NoneType"], "nan")
+    "expected a finite float or None, got 'nan' (not a number)"
+    >>> _expected_types(["int", "NoneType"], "abc")
+    "expected int or None, got 'abc'"
+    """
+    names = ["None" if t == "NoneType" else t for t in types]
+    if "float" in names and value.strip().lower() in _NOT_FINITE:
+        others = "".join(f" or {n}" for n in names if n != "float")
+        why = "not a number" if "nan" in value.lower() else "infinite"
+        return f"expected a finite float{others}, got {value!r} ({why})"
+    return f"expected {' or '.join(names)}, got {value!r}"
 
 
 def _unknown_option(keys: list[str], class_path: str, name: str) -> str:

@@ -26,11 +26,15 @@ from typing_extensions import override
 from fl_lightning import rules
 from fl_lightning.checkpoint import AtomicLastCheckpoint
 from fl_lightning.cli_args import (  # cli_args imports the methods: `--model FedNTD` resolves
+    DATA_FACTS,
     SUBCOMMANDS,
+    check_data_facts,
     check_logger_package,
     check_logger_packages,
+    check_seed,
     class_paths,
     closest_option,
+    linked_option,
     method_names,
     missing_method,
     named_configs,
@@ -150,7 +154,7 @@ class FLCLI(LightningCLI):
     @override
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(Federation, "federation")
-        for attr in ("num_classes", "in_channels", "image_size"):
+        for attr in DATA_FACTS:
             parser.link_arguments(f"data.{attr}", f"model.init_args.{attr}", apply_on="instantiate")
         parser.link_arguments("federation.rounds", "trainer.max_epochs")
         parser.link_arguments("seed_everything", "data.seed")
@@ -175,6 +179,8 @@ class FLCLI(LightningCLI):
             return
         _trainer_rules(trainer)
         federation = config.get("federation")
+        values = {key: trainer.get(key) for key in ("check_val_every_n_epoch", "gradient_clip_val", "min_epochs")}
+        rules.check_trainer_values(values, federation.get("rounds") if federation is not None else None)
         if federation is not None and federation.get("step_capture") is not None:  # graph needs CUDA: say so now
             device = "cuda" if rules.uses_cuda(trainer.get("accelerator")) else "cpu"
             resolve_capture(federation["step_capture"], torch.device(device))
@@ -228,10 +234,15 @@ class FLCLI(LightningCLI):
         """Claim and check the run directory of a fit, once every value has passed its own class's checks.
 
         The check (:func:`fl_lightning.core.rundir.check_run_dir`) reads only; a refusal leaves nothing behind.
+        A ``--model.num_classes`` (or another linked data fact) that the data contradicts is refused first.
         """
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        init_args = config.get("model.init_args")
+        if isinstance(init_args, Namespace):
+            given = {fact: init_args.get(fact) for fact in DATA_FACTS}
+            check_data_facts(given, self.datamodule, from_checkpoint=config.get("ckpt_path") is not None)
         if self.subcommand != "fit":
             return
-        config = self.config[self.subcommand]
         run_dir = config["trainer"]["default_root_dir"]
         if not _is_worker_process() and RUNNING.get("claimed") is None:
             # Claim the directory before checking it, so that no other fit can start there in between.
@@ -300,7 +311,7 @@ class FLCLI(LightningCLI):
             super().parse_arguments(parser, argv)
         except ArgumentError as err:
             first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-            no_method = missing_method(first)
+            no_method = missing_method(first) or linked_option(first)
             if no_method is not None:
                 raise ArgumentError(None, no_method) from err
             subcommand = argv[0] if isinstance(argv, list) and argv and argv[0] in self.subcommands() else None
@@ -308,6 +319,8 @@ class FLCLI(LightningCLI):
             if hint is None:
                 raise
             raise ArgumentError(None, f"{first}; {hint}") from err
+        config = self.config[self.config.subcommand] if self.config.get("subcommand") else self.config
+        check_seed(config.get("seed_everything"))
 
     def resolved_dict(self, config: Namespace) -> dict[str, Any]:
         """The config as ``config.yaml`` would hold it, as a nested dict."""

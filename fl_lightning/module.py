@@ -280,6 +280,8 @@ class FedAvg(FederatedHooks, L.LightningModule):
             raise ValueError(f"lr must be positive, got {lr}")
         if not 0 <= momentum < 1:
             raise ValueError(f"momentum must be in [0, 1), got {momentum}")
+        if not weight_decay >= 0:
+            raise ValueError(f"weight_decay must be >= 0 (0 for none), got {weight_decay}")
         if clip_grad_norm is not None and clip_grad_norm <= 0:
             raise ValueError(f"clip_grad_norm must be positive (or None for no clipping), got {clip_grad_norm}")
         # The network itself is not a hyper-parameter; results, checkpoints and loggers record its name or class path.

@@ -131,6 +131,33 @@ def check_round_options(options: Mapping[str, Any]) -> None:
             raise ValueError(f"trainer option {key}={options[key]!r} is not supported: {why}")
 
 
+def check_trainer_values(options: Mapping[str, Any], rounds: int | None = None) -> None:
+    """Refuse Trainer values out of range that Lightning accepts and then fails on, or silently ignores.
+
+    Args:
+        options: Trainer settings by name (the command line's ``--trainer.*``); other names are ignored.
+        rounds: the federation's rounds, which a ``min_epochs`` may not exceed.
+
+    Raises:
+        ValueError: ``trainer option <name>=<value> ...; <what to use instead>``.
+    """
+    every = options.get("check_val_every_n_epoch")
+    if every is not None and every < 1:
+        raise ValueError(
+            f"trainer option check_val_every_n_epoch={every} must be at least 1 (validate every that many rounds); "
+            "to validate never, use --trainer.limit_val_batches 0"
+        )
+    clip = options.get("gradient_clip_val")
+    if clip is not None and not clip >= 0:
+        raise ValueError(f"trainer option gradient_clip_val={clip} must be >= 0 (0 or null: no clipping)")
+    least = options.get("min_epochs")
+    if least is not None and rounds is not None and least > rounds:
+        raise ValueError(
+            f"trainer option min_epochs={least} exceeds rounds={rounds}, which end the fit first (one epoch is one "
+            "round); leave min_epochs unset or at most the rounds"
+        )
+
+
 def trainer_round_options(trainer: L.Trainer) -> dict[str, Any]:
     """The settings :func:`check_round_options` checks, as a built Trainer holds them.
 

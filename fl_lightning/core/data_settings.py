@@ -26,7 +26,14 @@ from fl_lightning.core.datasets import DATASETS
 from fl_lightning.core.partitions import Given, Partitioner, client_id_array, make_partitioner
 from fl_lightning.core.sources import DataSource, Info, LoadedSource, load_source
 
-__all__ = ["DATASET_SHAPES", "DataSettings", "check_options", "resolve_client_ids", "resolve_data_settings"]
+__all__ = [
+    "DATASET_SHAPES",
+    "DataSettings",
+    "check_augment",
+    "check_options",
+    "resolve_client_ids",
+    "resolve_data_settings",
+]
 
 
 class _DatasetShapes(Mapping[str, tuple[int, int, int]]):
@@ -127,6 +134,24 @@ def check_options(
     return given
 
 
+def check_augment(augment: tuple[int, bool, int], input_shape: tuple[int, ...], name: str) -> None:
+    """Refuse a crop padding or Cutout size below 0, or as large as the images (a crop or a cut can then blank one).
+
+    >>> check_augment((4, True, 8), (3, 32, 32), "cifar10")
+    >>> check_augment((0, False, 9), (1, 8, 8), "digits")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+        ...
+    ValueError: cutout must be 0 (off) or a square side below digits's image side 8, got 9; set --data.cutout ...
+    """
+    side = min(input_shape[1:]) if len(input_shape) == 3 else None
+    for option, value in (("crop_padding", augment[0]), ("cutout", augment[2])):
+        if value < 0 or (side is not None and value >= side):
+            what = "a padding" if option == "crop_padding" else "a square side"
+            limit = f" below {name}'s image side {side}" if side is not None else ""
+            fix = f"between 0 and {side - 1}" if side is not None else "to 0 or more"
+            raise ValueError(f"{option} must be 0 (off) or {what}{limit}, got {value}; set --data.{option} {fix}")
+
+
 def resolve_client_ids(client_ids: Any, source: DataSource | None, loaded: LoadedSource | None) -> np.ndarray:
     """The client of every training sample, as an array.
 
@@ -218,6 +243,7 @@ def resolve_data_settings(
             f"augmentation (crop_padding, hflip, cutout) needs image inputs [C, H, W]; {name}'s inputs "
             f"have shape {input_shape}; turn it off"
         )
+    check_augment(augment, input_shape, name)
     partitioner.check_num_classes(classes)
     ids, names = None, []
     if given is not None:

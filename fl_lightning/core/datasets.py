@@ -123,6 +123,8 @@ def load_dataset(name: str, root: str | None = None, download: bool = False) -> 
     if info is None:
         raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
     root_dir = Path(root if root is not None else DEFAULT_ROOT).expanduser()
+    if root_dir.exists() and not root_dir.is_dir():
+        raise ValueError(f"--data.root {root_dir} is a file; give the folder that holds (or is to hold) {name}'s files")
     if root is None and info.searches_system:
         train_x, train_y, test_x, test_y, num_classes = info.loader(root_dir, download, system=True)
     else:

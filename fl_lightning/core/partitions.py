@@ -468,8 +468,8 @@ def make_partitioner(partition: str | Partitioner, **options: Any) -> Partitione
 
     A name (a key of :data:`PARTITIONERS`) builds that class from the options its ``short_options`` lists
     (``alpha`` and ``min_client_size`` for ``dirichlet``, ...); options of other partitioners are ignored, so that
-    configs compose (``--config dir01.yaml --data.partition shard``). An object holds its own parameters: every
-    option must then keep its default.
+    configs compose (``--config dir01.yaml --data.partition shard``), but must still be in range (``alpha > 0``). An
+    object holds its own parameters: every option must then keep its default.
 
     Args:
         partition: a short name, or a :class:`Partitioner`.
@@ -499,6 +499,11 @@ def make_partitioner(partition: str | Partitioner, **options: Any) -> Partitione
         raise ValueError(
             f"unknown partition {partition!r}; choose one of {', '.join(PARTITIONERS)}, or give a Partitioner"
         )
+    # Another partitioner's options are unused here, but an out-of-range one is still a mistake: its class says so.
+    for other in PARTITIONERS.values():
+        given = {a: options[o] for o, a in other.short_options.items() if o in options and options[o] != defaults[o]}
+        if other is not cls and given:
+            other(**given)
     return cls(**{arg: options[option] for option, arg in cls.short_options.items() if option in options})
 
 

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from fl_lightning import shipped_configs
+from fl_lightning.cli_args import SEED_RANGE, method_class_path
 from fl_lightning.cli_errors import one_line
 from fl_lightning.core.files import read_yaml
 from fl_lightning.core.run_lock import claim_run_dir, release_run_dir
@@ -158,6 +159,14 @@ def _as_int(value: object, path: str | Path, key: str = "seeds") -> int:
     return value
 
 
+def _as_seed(value: object, path: str | Path) -> int:
+    """A YAML seed: a whole number in :data:`~fl_lightning.cli_args.SEED_RANGE`."""
+    seed = _as_int(value, path)
+    if not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+        raise ValueError(f"{path}: seed {seed} is out of range; a seed is between {SEED_RANGE[0]} and {SEED_RANGE[1]}")
+    return seed
+
+
 @dataclass
 class CompareSpec:
     """A comparison: every method × seed × setting."""
@@ -193,7 +202,7 @@ class CompareSpec:
             name=name,
             output_dir=Path(raw.get("output_dir", f"runs/compare/{name}")),
             methods=[str(m) for m in _as_list(raw["methods"], "methods", path)],
-            seeds=[_as_int(s, path) for s in _as_list(raw.get("seeds", [0]), "seeds", path)],
+            seeds=[_as_seed(s, path) for s in _as_list(raw.get("seeds", [0]), "seeds", path)],
             settings={str(k): str(v) for k, v in raw["settings"].items()},
             overrides=[str(a) for a in _as_list(raw.get("overrides") or [], "overrides", path, allow_empty=True)],
             jobs=_as_int(raw.get("jobs", 1), path, "jobs"),
@@ -206,6 +215,10 @@ class CompareSpec:
             spec.published = _published(raw["published"], spec, path)
         spec.variants = _variants(raw.get("variants"), spec.methods, path)
         spec.baseline = str(spec.baseline) if spec.baseline is not None else spec.methods[0]
+        for key, listed in (("methods", spec.methods), ("seeds", [str(s) for s in spec.seeds])):
+            twice = sorted({v for v in listed if listed.count(v) > 1})
+            if twice:
+                raise ValueError(f"{path}: {key} lists {', '.join(twice)} more than once; list each once")
         if spec.jobs < 1:
             raise ValueError(f"{path}: jobs must be at least 1")
         if spec.smooth < 0:
@@ -226,7 +239,31 @@ class CompareSpec:
                 if own != config and own.exists():  # a fixed path is every method's config, not the variant's own
                     raise ValueError(f"{path}: variant {method!r} has a config of its own, {own}; rename the variant")
         spec.check_variants(path)
+        spec.check_fixed_configs(path)
         return spec
+
+    def check_fixed_configs(self, path: str | Path) -> None:
+        """A setting with one config for every method (no ``{method}`` in its path) must train each method it names.
+
+        Otherwise every method's row would hold that config's method under another name (a variant runs its own
+        ``overrides``, such as ``--model fedntd``, and is not checked).
+        """
+        firsts: dict[tuple[str, str], Run] = {}
+        for run in self.runs():
+            if "{method}" not in self.settings[run.setting] and run.method not in self.variants:
+                firsts.setdefault((run.setting, run.method), run)
+        for (setting, method), run in firsts.items():
+            try:
+                wanted = method_class_path(method, "method")
+            except ValueError as err:
+                raise ValueError(f"{path}: {one_line(err)}") from None
+            trains = str((self.resolved(run).get("model") or {}).get("class_path", ""))
+            if trains.rsplit(".", 1)[-1] != wanted.rsplit(".", 1)[-1]:
+                raise ValueError(
+                    f"{path}: setting {setting!r} runs {run.config} for every method, and it trains {trains}, not "
+                    f"{method}; give the setting a path with {{method}} (one config per method), or make {method} a "
+                    f"variant with [--model, {method}] in its overrides"
+                )
 
     def check_variants(self, path: str | Path) -> None:
         """Resolve each variant's first run now: an override its method does not take fails here, in one line."""
@@ -403,6 +440,25 @@ def _held_elsewhere(log: Path, start: int) -> str | None:
     return None
 
 
+#: A fit's exit code for bad input (``fl_lightning.cli.EXIT_CODES``): it refused to start.
+EXIT_BAD_INPUT = 2
+
+
+def _last_error(log: Path) -> str | None:
+    r"""The last ``error: ...`` line of a fit's log, without the prefix; None when there is none.
+
+    >>> import tempfile; path = Path(tempfile.mkdtemp()) / "stdout.log"
+    >>> _ = path.write_text("digits: ...\nerror: rounds must be at least 1, got -1\n")
+    >>> _last_error(path)
+    'rounds must be at least 1, got -1'
+    """
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    return next((ln.removeprefix("error: ") for ln in reversed(lines) if ln.startswith("error: ")), None)
+
+
 def _interrupt(signum: int, frame: object) -> None:
     """SIGTERM handler: stop the comparison as Ctrl-C does."""
     raise _Terminated
@@ -495,6 +551,9 @@ def run_comparison(spec: CompareSpec, dry_run: bool = False, report_only: bool =
                 state = run_status(summary) if summary else ("failed" if code else "no summary")
                 if code:
                     state += f" (exit code {code})"
+                refused = _last_error(run.run_dir / "stdout.log") if code == EXIT_BAD_INPUT else None
+                if refused is not None:  # the fit refused its input: say why here, not only in its log
+                    state += f": {refused}"
             print(
                 f"[compare] {finished}/{len(todo)} {run.setting}/{run.method}/seed{run.seed}: {state} "
                 f"({time.time() - started:.0f}s elapsed)",
