@@ -33,7 +33,7 @@ from fl_lightning.core.files import (
 )
 from fl_lightning.core.run_lock import claim_run_dir, release_run_dir
 from fl_lightning.core.rundir import RunDirError, check_run_dir
-from fl_lightning.experiments.compare import CompareSpec, Run, _fit_args
+from fl_lightning.experiments.compare_spec import CompareSpec, Run
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMING = {"round_seconds", "elapsed_seconds"}
@@ -148,7 +148,7 @@ def test_compare_finishes_a_run_instead_of_retrying_it(tmp_path, capsys):
     # Before: compare resumed the run on every call, the resume exited 4, and compare exited 0.
     spec = _tiny_spec(tmp_path)
     run = spec.runs()[0]
-    assert cli.run(_fit_args(spec, run)) == 0  # the run exactly as compare makes it
+    assert cli.run(spec.fit_args(run)) == 0  # the run exactly as compare makes it
     summary = read_summary(run.run_dir)
     summary["status"] = "interrupted"
     (run.run_dir / "summary.json").write_text(json.dumps(summary))
