@@ -333,6 +333,19 @@ def linked_option(message: str) -> str | None:
 SEED_RANGE = (0, 2**32 - 1)
 
 
+def fixed_seed(seed: Any) -> Any:
+    """``seed_everything`` as the data's and the federation's seed; ``true`` (Lightning's random seed) is refused.
+
+    The partition and every round's sampling derive from the seed, so a run must name it to be repeated and resumed.
+    """
+    if isinstance(seed, bool):
+        raise ValueError(
+            f"--seed_everything {str(seed).lower()}: the partition and the client sampling derive from the seed, "
+            "so it must be a number (e.g. --seed_everything 0)"
+        )
+    return seed
+
+
 def check_seed(seed: Any) -> None:
     """Refuse a ``--seed_everything`` outside :data:`SEED_RANGE` (``true``: a random seed, and None are fine)."""
     if isinstance(seed, int) and not isinstance(seed, bool) and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:

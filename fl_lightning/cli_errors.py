@@ -19,6 +19,9 @@ def one_line(err: BaseException) -> str:
     if class_path is not None:
         return class_path
     lines = [line.strip() for line in text.splitlines() if line.strip()]
+    linked = re.match(r"Call to compute_fn of link '[^']*' with args \(.*?\) failed: (.+)", lines[0])
+    if linked is not None:  # a link's own refusal (cli_args.fixed_seed): its message alone
+        return linked.group(1)
     union = next((i for i, ln in enumerate(lines) if ln.startswith("Does not validate against any of the Union")), None)
     if union is not None:
         nested = _class_argument_reason(text)

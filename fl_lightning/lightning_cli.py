@@ -34,6 +34,7 @@ from fl_lightning.cli_args import (  # cli_args imports the methods: `--model Fe
     check_seed,
     class_paths,
     closest_option,
+    fixed_seed,
     linked_option,
     method_names,
     missing_method,
@@ -157,8 +158,8 @@ class FLCLI(LightningCLI):
         for attr in DATA_FACTS:
             parser.link_arguments(f"data.{attr}", f"model.init_args.{attr}", apply_on="instantiate")
         parser.link_arguments("federation.rounds", "trainer.max_epochs")
-        parser.link_arguments("seed_everything", "data.seed")
-        parser.link_arguments("seed_everything", "federation.seed")
+        parser.link_arguments("seed_everything", "data.seed", compute_fn=fixed_seed)
+        parser.link_arguments("seed_everything", "federation.seed", compute_fn=fixed_seed)
         parser.set_defaults(
             {
                 "trainer.logger": False,

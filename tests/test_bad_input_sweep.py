@@ -89,6 +89,8 @@ def test_negative_weight_decay():
         (["--trainer.max_epochs", "5"], "error: --trainer.max_epochs is set from --federation.rounds"),
         # Before: "error: -1 is not in bounds, numpy accepts from 0 to 4294967295" (no option named)
         (["--seed_everything", "-1"], "error: --seed_everything -1: a seed must be between 0 and 4294967295"),
+        # Before: "error: --data.seed: expected int, got 'True'" (Lightning's random seed, named as another option)
+        (["--seed_everything", "true"], "error: --seed_everything true: the partition and the client sampling derive"),
         # Before: ZeroDivisionError (exit 1) once the run directory was written
         (["--trainer.check_val_every_n_epoch", "0"], "error: trainer option check_val_every_n_epoch=0 must be"),
         # Before: accepted (a negative clipping value means nothing)
