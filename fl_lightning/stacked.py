@@ -86,7 +86,8 @@ def _local_loss(
     def loss(
         params: dict[str, Tensor], buffers: dict[str, Tensor], attrs: list[Tensor], x: Tensor, y: Tensor
     ) -> Tensor:
-        state = {f"m.{k}": v for k, v in params.items()} | {f"m.{k}": v for k, v in buffers.items()}
+        # {**a, **b}, not a | b: torch 2.6's compile could not trace a dict union (the step compiles whole)
+        state = {**{f"m.{k}": v for k, v in params.items()}, **{f"m.{k}": v for k, v in buffers.items()}}
         with bound_attributes(module, bind_leaves(template, attrs)), lowered_convolutions(conv):
             return functional_call(wrapper, state, (x, y), tie_weights=tied)
 

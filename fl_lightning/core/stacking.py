@@ -119,26 +119,31 @@ def _replace(tree: Any, supply: Iterator[Tensor]) -> Any:
     if isinstance(tree, Mapping):
         built = {key: _replace(tree[key], supply) for key in sorted(tree)}
         return {key: built[key] for key in tree}
-    if isinstance(tree, list | tuple):
+    if isinstance(tree, (list, tuple)):  # not `list | tuple`: torch 2.9's compile cannot trace a UnionType
         return type(tree)(_replace(item, supply) for item in tree)
     return next(supply) if isinstance(tree, Tensor) else tree
 
 
-@contextlib.contextmanager
-def bound_attributes(module: nn.Module, attributes: Mapping[str, Any]) -> Iterator[None]:
+_MISSING = object()
+
+
+class bound_attributes:  # noqa: N801 - a context manager class (Dynamo before 2.7 cannot trace a generator one)
     """Set ``module``'s attributes for the duration of the block, then put the previous values back."""
-    missing = object()
-    saved = {name: module.__dict__.get(name, missing) for name in attributes}
-    try:
-        for name, value in attributes.items():
-            module.__dict__[name] = value
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is missing:
-                module.__dict__.pop(name, None)
+
+    def __init__(self, module: nn.Module, attributes: Mapping[str, Any]) -> None:
+        self.module, self.attributes = module, attributes
+
+    def __enter__(self) -> None:
+        self.saved = {name: self.module.__dict__.get(name, _MISSING) for name in self.attributes}
+        for name, value in self.attributes.items():
+            self.module.__dict__[name] = value
+
+    def __exit__(self, *exc: object) -> None:
+        for name, value in self.saved.items():
+            if value is _MISSING:
+                self.module.__dict__.pop(name, None)
             else:
-                module.__dict__[name] = value
+                self.module.__dict__[name] = value
 
 
 # ---- what tells a change to a module, one client's random stream -----------------------------------------------------
