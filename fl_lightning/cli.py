@@ -214,6 +214,9 @@ def run(args: list[str], overwrite: bool = False, debug: bool = False) -> int:
 
         statuses = [cb.status for cb in cli.trainer.callbacks if isinstance(cb, Federation)]  # type: ignore[attr-defined]
         return EXIT_CODES.get(statuses[0] if statuses else "completed", EXIT_CODES["failed"])
+    if _this_fit_status() is None:  # Lightning ended the fit before on_train_start: nothing ran, nothing was written
+        why = "a callback asked it to, e.g. --trainer.max_time already spent"
+        return _error(f"the fit stopped before its first round ({why}); nothing was recorded", EXIT_CODES["failed"])
     return _exit_code_of_run()
 
 

@@ -180,7 +180,9 @@ class FLCLI(LightningCLI):
             return
         _trainer_rules(trainer)
         federation = config.get("federation")
-        values = {key: trainer.get(key) for key in ("check_val_every_n_epoch", "gradient_clip_val", "min_epochs")}
+        values = {
+            key: trainer.get(key) for key in ("check_val_every_n_epoch", "gradient_clip_val", "min_epochs", "max_time")
+        }
         rules.check_trainer_values(values, federation.get("rounds") if federation is not None else None)
         if federation is not None and federation.get("step_capture") is not None:  # graph needs CUDA: say so now
             device = "cuda" if rules.uses_cuda(trainer.get("accelerator")) else "cpu"
@@ -337,6 +339,7 @@ class FLCLI(LightningCLI):
         # Lightning's default bar is rich's when `rich` is installed: the command line draws the same round bar either
         # way, unless the config names a bar of its own.
         named = self._get(self.config, "trainer.callbacks") or []
+        named = named if isinstance(named, list) else [named]  # `--trainer.callbacks X` gives one, not a list
         own_bar = any("ProgressBar" in str(_class_path_of(c)) for c in named)
         for i, cb in enumerate(callbacks):
             if type(cb) is TQDMProgressBar or (type(cb) is RichProgressBar and not own_bar):

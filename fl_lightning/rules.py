@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -150,12 +151,36 @@ def check_trainer_values(options: Mapping[str, Any], rounds: int | None = None) 
     clip = options.get("gradient_clip_val")
     if clip is not None and not clip >= 0:
         raise ValueError(f"trainer option gradient_clip_val={clip} must be >= 0 (0 or null: no clipping)")
+    limit = options.get("max_time")
+    if limit is not None and _seconds(limit) == 0:
+        raise ValueError(
+            f"trainer option max_time={limit!r} stops the fit before its first round; give a time (DD:HH:MM:SS) or "
+            "leave it unset"
+        )
     least = options.get("min_epochs")
     if least is not None and rounds is not None and least > rounds:
         raise ValueError(
             f"trainer option min_epochs={least} exceeds rounds={rounds}, which end the fit first (one epoch is one "
             "round); leave min_epochs unset or at most the rounds"
         )
+
+
+def _seconds(duration: Any) -> float | None:
+    """A ``max_time`` in seconds; None for a form Lightning will judge itself.
+
+    >>> _seconds("00:01:00:30"), _seconds({"minutes": 2}), _seconds("soon")
+    (3630.0, 120.0, None)
+    """
+    if isinstance(duration, str):
+        parts = duration.strip().split(":")
+        if len(parts) != 4 or not all(p.isdigit() for p in parts):
+            return None
+        days, hours, minutes, seconds = map(int, parts)
+        return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
+    try:
+        return (duration if isinstance(duration, timedelta) else timedelta(**duration)).total_seconds()
+    except TypeError:
+        return None
 
 
 def trainer_round_options(trainer: L.Trainer) -> dict[str, Any]:

@@ -95,6 +95,8 @@ def test_negative_weight_decay():
         (["--trainer.check_val_every_n_epoch", "0"], "error: trainer option check_val_every_n_epoch=0 must be"),
         # Before: accepted (a negative clipping value means nothing)
         (["--trainer.gradient_clip_val", "-1"], "error: trainer option gradient_clip_val=-1 must be >= 0"),
+        # Before: exit 1 with no line, and a run directory holding only config.yaml
+        (["--trainer.max_time", "00:00:00:00"], "error: trainer option max_time='00:00:00:00' stops the fit before"),
         # Before: accepted, and the fit ended after its rounds anyway
         (["--trainer.min_epochs", "5"], "error: trainer option min_epochs=5 exceeds rounds=1"),
         # Before: accepted, and the model was built with the data's value instead

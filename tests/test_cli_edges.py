@@ -473,3 +473,33 @@ def test_a_value_error_during_the_rounds_is_a_failed_run(tmp_path, monkeypatch, 
     assert run(quickstart_fit_args(tmp_path / "r", rounds=1)) == EXIT_CODES["failed"]
     assert read_summary(tmp_path / "r")["status"] == "failed"
     assert err_lines(capsys)[-1] == "error: ValueError: a bad value met in round 1"
+
+
+def test_a_fit_stopped_before_its_first_round_says_so(tmp_path, monkeypatch, capsys):
+    # Before: exit 1 with no line at all (a Timer whose max_time was spent, or any callback stopping the fit at its
+    # start, ends it before the federation records anything).
+    (tmp_path / "stop_at_start.py").write_text(
+        "from lightning.pytorch.callbacks import Callback\n\n\n"
+        "class StopAtStart(Callback):\n"
+        "    def on_fit_start(self, trainer, pl_module):\n"
+        "        trainer.should_stop = True\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    args = quickstart_fit_args(tmp_path / "r", "--trainer.callbacks", "stop_at_start.StopAtStart", rounds=1)
+    assert run(args) == EXIT_CODES["failed"]
+    lines = err_lines(capsys)
+    assert lines[-1] == (
+        "error: the fit stopped before its first round (a callback asked it to, e.g. --trainer.max_time already "
+        "spent); nothing was recorded"
+    ), lines
+
+
+def test_one_callback_on_the_command_line(tmp_path):
+    # Before: `--trainer.callbacks X` (one callback, not a list) failed with "NSKeyError: Key must be a string, got: 0."
+    early = "lightning.pytorch.callbacks.EarlyStopping"
+    options = ("--trainer.callbacks.monitor", "global_acc", "--trainer.callbacks.mode", "max")
+    stop = ("--trainer.callbacks.patience", "0", "--trainer.callbacks.min_delta", "1.0")  # no round gains 100 points
+    args = quickstart_fit_args(tmp_path / "r", "--trainer.callbacks", early, *options, *stop, rounds=3)
+    assert run(args) == 0
+    summary = read_summary(tmp_path / "r")
+    assert summary["status"] == "completed" and summary["stopped_early_round"] == 2
