@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib.util
+import inspect
 import re
 from pathlib import Path
 from typing import Any
@@ -288,12 +289,39 @@ def closest_option(message: str, parser: argparse.ArgumentParser) -> str | None:
 DATA_FACTS = ("num_classes", "in_channels", "image_size")
 
 
-def check_data_facts(given: dict[str, Any], datamodule: Any, from_checkpoint: bool = False) -> None:
+def init_default(cls: type, name: str) -> Any:
+    """The default of ``name`` in ``cls.__init__``, or of the first class in its MRO whose ``__init__`` names it.
+
+    >>> from fl_lightning.methods import FedNTD
+    >>> init_default(FedNTD, "num_classes"), init_default(FedNTD, "beta"), init_default(FedNTD, "no_such") is _NONE
+    (None, 1.0, True)
+    """
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        try:
+            parameter = inspect.signature(init).parameters.get(name)
+        except (TypeError, ValueError):
+            continue
+        if parameter is not None:
+            return _NONE if parameter.default is inspect.Parameter.empty else parameter.default
+    return _NONE
+
+
+_NONE = object()  # no default
+
+
+def check_data_facts(
+    given: dict[str, Any], datamodule: Any, model_class: type | None = None, from_checkpoint: bool = False
+) -> None:
     """Refuse a ``--model.<fact>`` that the data contradicts: the data's value, not the one given, reaches the model.
 
     Args:
-        given: the model's ``init_args`` for :data:`DATA_FACTS`, as the command line gave them (None: not given).
+        given: the model's ``init_args`` for :data:`DATA_FACTS` (None: not given).
         datamodule: the built datamodule, which holds the facts.
+        model_class: the model's class: a value equal to its own default was not given, and is not checked (a
+            ``LightningModule`` of the user's may default to ``num_classes=3``; the data's value replaces it).
         from_checkpoint: a checkpoint was given, whose hyper-parameters may be where the value came from.
 
     Raises:
@@ -302,6 +330,8 @@ def check_data_facts(given: dict[str, Any], datamodule: Any, from_checkpoint: bo
     for fact in DATA_FACTS:
         value, actual = given.get(fact), getattr(datamodule, fact, None)
         if value is None or actual is None:
+            continue
+        if model_class is not None and value == init_default(model_class, fact):
             continue
         square = (lambda v: tuple(v) if isinstance(v, list | tuple) else (v, v)) if fact == "image_size" else None
         if (square(value) == square(actual)) if square is not None else value == actual:

@@ -243,7 +243,8 @@ class FLCLI(LightningCLI):
         init_args = config.get("model.init_args")
         if isinstance(init_args, Namespace):
             given = {fact: init_args.get(fact) for fact in DATA_FACTS}
-            check_data_facts(given, self.datamodule, from_checkpoint=config.get("ckpt_path") is not None)
+            from_checkpoint = config.get("ckpt_path") is not None
+            check_data_facts(given, self.datamodule, type(self.model), from_checkpoint=from_checkpoint)
         if self.subcommand != "fit":
             return
         run_dir = config["trainer"]["default_root_dir"]

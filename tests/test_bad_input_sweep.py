@@ -122,6 +122,14 @@ def test_model_fact_that_agrees_with_the_data_is_accepted():
     with pytest.raises(ValueError, match="--model.image_size 32 disagrees"):
         check_data_facts({"image_size": 32}, Data())
 
+    class Own:  # a user's module whose own default the data replaces: not given, so not refused
+        def __init__(self, num_classes: int = 3) -> None:
+            self.num_classes = num_classes
+
+    check_data_facts({"num_classes": 3}, Data(), Own)
+    with pytest.raises(ValueError, match="--model.num_classes 5 disagrees"):
+        check_data_facts({"num_classes": 5}, Data(), Own)
+
 
 def _spec(tmp_path: Path, **raw) -> Path:
     path = tmp_path / "c.yaml"
