@@ -289,6 +289,9 @@ def closest_option(message: str, parser: argparse.ArgumentParser) -> str | None:
 DATA_FACTS = ("num_classes", "in_channels", "image_size")
 
 
+_NONE = object()  # no default (init_default)
+
+
 def init_default(cls: type, name: str) -> Any:
     """The default of ``name`` in ``cls.__init__``, or of the first class in its MRO whose ``__init__`` names it.
 
@@ -307,9 +310,6 @@ def init_default(cls: type, name: str) -> Any:
         if parameter is not None:
             return _NONE if parameter.default is inspect.Parameter.empty else parameter.default
     return _NONE
-
-
-_NONE = object()  # no default
 
 
 def check_data_facts(
@@ -364,22 +364,19 @@ SEED_RANGE = (0, 2**32 - 1)
 
 
 def fixed_seed(seed: Any) -> Any:
-    """``seed_everything`` as the data's and the federation's seed; ``true`` (Lightning's random seed) is refused.
+    """``seed_everything`` as the data's and the federation's seed: a number in :data:`SEED_RANGE`.
 
-    The partition and every round's sampling derive from the seed, so a run must name it to be repeated and resumed.
+    ``true`` (Lightning's random seed) is refused: the partition and every round's sampling derive from the seed, so a
+    run must name it to be repeated and resumed.
     """
     if isinstance(seed, bool):
         raise ValueError(
             f"--seed_everything {str(seed).lower()}: the partition and the client sampling derive from the seed, "
             "so it must be a number (e.g. --seed_everything 0)"
         )
-    return seed
-
-
-def check_seed(seed: Any) -> None:
-    """Refuse a ``--seed_everything`` outside :data:`SEED_RANGE` (``true``: a random seed, and None are fine)."""
-    if isinstance(seed, int) and not isinstance(seed, bool) and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+    if isinstance(seed, int) and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
         raise ValueError(f"--seed_everything {seed}: a seed must be between {SEED_RANGE[0]} and {SEED_RANGE[1]}")
+    return seed
 
 
 def missing_method(message: str) -> str | None:

@@ -31,7 +31,6 @@ from fl_lightning.cli_args import (  # cli_args imports the methods: `--model Fe
     check_data_facts,
     check_logger_package,
     check_logger_packages,
-    check_seed,
     class_paths,
     closest_option,
     fixed_seed,
@@ -323,8 +322,6 @@ class FLCLI(LightningCLI):
             if hint is None:
                 raise
             raise ArgumentError(None, f"{first}; {hint}") from err
-        config = self.config[self.config.subcommand] if self.config.get("subcommand") else self.config
-        check_seed(config.get("seed_everything"))
 
     def resolved_dict(self, config: Namespace) -> dict[str, Any]:
         """The config as ``config.yaml`` would hold it, as a nested dict."""
