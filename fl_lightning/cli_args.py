@@ -312,6 +312,11 @@ def init_default(cls: type, name: str) -> Any:
     return _NONE
 
 
+def _side_pair(size: Any) -> tuple[Any, ...]:
+    """An image size as (height, width): a side alone is a square."""
+    return tuple(size) if isinstance(size, list | tuple) else (size, size)
+
+
 def check_data_facts(
     given: dict[str, Any], datamodule: Any, model_class: type | None = None, from_checkpoint: bool = False
 ) -> None:
@@ -333,8 +338,7 @@ def check_data_facts(
             continue
         if model_class is not None and value == init_default(model_class, fact):
             continue
-        square = (lambda v: tuple(v) if isinstance(v, list | tuple) else (v, v)) if fact == "image_size" else None
-        if (square(value) == square(actual)) if square is not None else value == actual:
+        if (_side_pair(value) == _side_pair(actual)) if fact == "image_size" else value == actual:
             continue
         data = f"the data ({getattr(datamodule, 'dataset', 'the dataset')} has {fact} {actual})"
         if from_checkpoint:

@@ -501,8 +501,10 @@ def make_partitioner(partition: str | Partitioner, **options: Any) -> Partitione
         )
     # Another partitioner's options are unused here, but an out-of-range one is still a mistake: its class says so.
     for other in PARTITIONERS.values():
+        if other is cls:
+            continue
         given = {a: options[o] for o, a in other.short_options.items() if o in options and options[o] != defaults[o]}
-        if other is not cls and given:
+        if given:
             try:
                 other(**given)
             except TypeError:  # a registered partitioner that needs more than its short options: nothing to check
