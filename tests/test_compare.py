@@ -405,3 +405,10 @@ def test_compare_on_a_busy_cpu_warns_once_before_its_fits(spec_file, monkeypatch
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the user chose the threads: nothing said
     run_comparison(CompareSpec.from_yaml(spec_file))
     assert "warning" not in capsys.readouterr().out
+
+
+def test_compare_reads_a_refused_fit_by_the_command_lines_exit_code():
+    from fl_lightning.cli import EXIT_CODES
+    from fl_lightning.experiments.compare import EXIT_BAD_INPUT
+
+    assert EXIT_BAD_INPUT == EXIT_CODES["bad input"]

@@ -114,7 +114,7 @@ def _held_elsewhere(log: Path, start: int) -> str | None:
     return None
 
 
-#: A fit's exit code for bad input (``fl_lightning.cli.EXIT_CODES``): it refused to start.
+#: A fit's exit code for bad input (``fl_lightning.cli.EXIT_CODES``, which imports this module: not imported here).
 EXIT_BAD_INPUT = 2
 
 
@@ -199,7 +199,7 @@ def run_comparison(spec: CompareSpec, dry_run: bool = False, report_only: bool =
             code = proc.wait()
             with lock:
                 fits.discard(proc)
-        held = _held_elsewhere(Path(log.name), start) if code == 2 else None
+        held = _held_elsewhere(Path(log.name), start) if code == EXIT_BAD_INPUT else None
         if held is not None:  # another process's fit claimed the directory after the check above
             if log_path is not None:
                 log_path.unlink(missing_ok=True)  # it holds only the refusal
