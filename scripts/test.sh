@@ -4,8 +4,8 @@
 #   bash scripts/test.sh           the suite: every test but the `slow` ones (under 5 minutes on 2 cores)
 #   bash scripts/test.sh --slow    the `slow` tests alone, end to end through processes that import torch and
 #                                  Lightning (signals, crashes, several processes and nodes, compare's fits), Flower
-#                                  (simulation, a deployment, every method through the apps), the docs build or the
-#                                  installed package
+#                                  (simulation, a deployment, every method through the apps), the docs build, the
+#                                  installed package, or Dynamo tracing every method's stacked step
 #   bash scripts/test.sh --all     both (what CI runs, in two steps)
 #
 # Other arguments go to pytest, after the selection (a `-m` of your own replaces it). Naming a test file or a test

@@ -538,12 +538,12 @@ def test_interrupted_run_resumes_identically(tmp_path, name):
         "model_kwargs": {"aux_per_class": 5} if name == "fedssd" else None,
         "fed_kwargs": {"sample_ratio": 0.5, "lr_decay": 0.9},
     }
-    _, full, full_model = tiny_run(tmp_path / "full", rounds=4, **kwargs)
+    _, full, full_model = tiny_run(tmp_path / "full", rounds=3, **kwargs)
     tiny_run(tmp_path / "cut", rounds=2, **kwargs)
     ckpt = tmp_path / "cut" / "checkpoints" / "last.ckpt"
     assert ckpt.exists()
-    _, resumed, resumed_model = tiny_run(tmp_path / "cut", rounds=4, ckpt_path=str(ckpt), **kwargs)
-    assert len(resumed.recorder.history) == 4
+    _, resumed, resumed_model = tiny_run(tmp_path / "cut", rounds=3, ckpt_path=str(ckpt), **kwargs)
+    assert len(resumed.recorder.history) == 3
     assert _metrics(resumed) == _metrics(full)
     for key, value in full_model.state_dict().items():
         assert torch.equal(resumed_model.state_dict()[key], value), key

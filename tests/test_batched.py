@@ -11,6 +11,7 @@ against ``torch.optim.SGD``.
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -149,16 +150,44 @@ def _case(name: str) -> tuple[type[FedAvg], dict[str, Any]]:
 
 @pytest.mark.parametrize("name", [*METHODS, "fedavgm", "fedadam"])
 def test_every_method_matches_sequential(tmp_path: Path, name: str) -> None:
+    """The batched engine step by step, and its step built as one function of static tensors (``step_capture=static``,
+    what a GPU records as a CUDA graph), each end where the sequential engine does."""
     rounds = 2 if name in STATEFUL else 1
     results = {}
-    for engine in ("batched", "sequential"):
+    for label, engine, capture in (
+        ("batched", "batched", "off"),
+        ("static", "batched", "static"),
+        ("seq", "sequential", "off"),
+    ):
         method, fed_kwargs = _case(name)
-        results[engine] = run(
-            tmp_path, engine, method, rounds=rounds, data_kwargs=DATA_KWARGS.get(name), fed_kwargs=fed_kwargs
+        results[label] = run(
+            tmp_path / label,
+            engine,
+            method,
+            rounds=rounds,
+            data_kwargs=DATA_KWARGS.get(name),
+            fed_kwargs={**fed_kwargs, "step_capture": capture},
         )
     if name in STATEFUL:  # the second round trained on every client's state from the first
         assert len(results["batched"][0].client_states) == 5
-    assert_same_federation(results["batched"], results["sequential"])
+    cache = results["static"][0].executor.capture  # type: ignore[union-attr]
+    assert cache is not None and cache.builds >= 1 and cache.notes == []
+    assert_same_federation(results["batched"], results["seq"])
+    # FedDyn's server step divides the clients' change by alpha (w_g = average - h/alpha): the built step's float32
+    # rounding (all five clients in each call, the finished ones masked) reaches its second round 1/alpha-fold; in
+    # float64 the two agree to rounding (test_feddyn_built_step_equals_sequential_in_float64).
+    alpha = inspect.signature(METHODS["feddyn"]).parameters["alpha"].default
+    assert_same_federation(results["static"], results["seq"], atol=ATOL / alpha if name == "feddyn" else ATOL)
+
+
+def test_feddyn_built_step_equals_sequential_in_float64(tmp_path: Path) -> None:
+    models = {}
+    for engine, capture in (("batched", "static"), ("sequential", "off")):
+        L.seed_everything(0, verbose=False)
+        model = float64(METHODS["feddyn"])(net="lenet", num_classes=10, in_channels=1, image_size=8, lr=0.05).double()
+        net_fit(tmp_path / engine, model, rounds=2, engine=engine, step_capture=capture)
+        models[engine] = weights(model)
+    assert_trees_close(models["batched"], models["sequential"], 1e-12, "weights")
 
 
 # ---- 2. BatchNorm ------------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 
-def _write_idx(folder: Path, n_train: int = 600, n_test: int = 200) -> None:
+def _write_idx(folder: Path, n_train: int = 300, n_test: int = 100) -> None:
     """Fashion-MNIST-format IDX files (gzipped) with class-dependent images, so that a model can learn them."""
     rng = np.random.default_rng(0)
     folder.mkdir(parents=True, exist_ok=True)
@@ -35,7 +35,7 @@ def _write_idx(folder: Path, n_train: int = 600, n_test: int = 200) -> None:
             f.write(struct.pack(">II", 2049, n) + labels.tobytes())
 
 
-def _write_cifar10(folder: Path, per_batch: int = 200, n_test: int = 200) -> None:
+def _write_cifar10(folder: Path, per_batch: int = 60, n_test: int = 100) -> None:
     rng = np.random.default_rng(0)
     base = folder / "cifar-10-batches-py"
     base.mkdir(parents=True, exist_ok=True)

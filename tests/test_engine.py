@@ -182,16 +182,16 @@ class _Collapsing(FedAvg):
 
 
 def test_collapse_to_one_class_stops_as_diverged(tmp_path):
-    kwargs = {"method": _Collapsing, "rounds": 8}
-    trainer, fed, _ = tiny_run(tmp_path, **kwargs, fed_kwargs={"local_epochs": 3, "collapse_rounds": 3})
+    trainer, fed, _ = tiny_run(tmp_path, _Collapsing, rounds=8, fed_kwargs={"local_epochs": 3, "collapse_rounds": 3})
     summary = read_summary(tmp_path)
     assert summary["status"] == "diverged"
     assert summary["diverged_round"] == 3  # the first collapsed round
     assert len(read_metrics(tmp_path)) == 5  # rounds 3, 4 and 5 collapsed, then it stopped
     assert fed.history[1]["global_acc"] > 0.4 and fed.history[-1]["global_acc"] < 0.2  # learning, then collapsed
-    # the same federation with the check off runs to the end
-    _, fed_off, _ = tiny_run(tmp_path / "off", **kwargs, fed_kwargs={"local_epochs": 3, "collapse_rounds": None})
-    assert fed_off.status == "completed" and len(fed_off.history) == 8
+    # the same federation with the check off runs past round 5 to its end
+    off = {"local_epochs": 3, "collapse_rounds": None}
+    _, fed_off, _ = tiny_run(tmp_path / "off", _Collapsing, rounds=6, fed_kwargs=off)
+    assert fed_off.status == "completed" and len(fed_off.history) == 6
 
 
 def test_a_one_class_test_set_is_never_a_collapse(tmp_path):

@@ -182,16 +182,27 @@ def test_a_best_checkpoint_holds_the_weights_that_scored_it(tmp_path):
     assert score.acc == pytest.approx(float(best.best_model_score), abs=1e-6)
 
 
-@pytest.mark.parametrize("key", ["global/acc", "global_acc", "global/loss", "train/loss", "global/acc_best"])
-def test_every_logged_key_can_be_monitored(tmp_path, key):
-    mode = "min" if "loss" in key else "max"
-    best = ModelCheckpoint(dirpath=tmp_path / "best", monitor=key, mode=mode, save_top_k=1)
-    bare_trainer(tmp_path, Federation(rounds=2), best, enable_checkpointing=True).fit(_model(), datamodule=_dm())
+def test_every_logged_key_can_be_monitored(tmp_path):
+    """One checkpoint callback per key, in one fit: each keeps its key's best round."""
+    columns = {
+        "global/acc": "global_acc",
+        "global_acc": "global_acc",
+        "global/loss": "global_loss",
+        "train/loss": "train_loss",
+        "global/acc_best": "best_acc",
+    }
+    modes = {key: "min" if "loss" in key else "max" for key in columns}
+    best = {
+        key: ModelCheckpoint(dirpath=tmp_path / f"best{i}", monitor=key, mode=modes[key], save_top_k=1)
+        for i, key in enumerate(columns)
+    }
+    trainer = bare_trainer(tmp_path, Federation(rounds=2), *best.values(), enable_checkpointing=True)
+    trainer.fit(_model(), datamodule=_dm())
     rows = read_metrics(tmp_path)
-    column = {"global/acc": "global_acc", "global/loss": "global_loss", "train/loss": "train_loss"}.get(key, key)
-    column = "best_acc" if key == "global/acc_best" else column
-    values = [float(row[column]) for row in rows]
-    assert float(best.best_model_score) == pytest.approx(min(values) if mode == "min" else max(values))
+    for key, column in columns.items():
+        values = [float(row[column]) for row in rows]
+        expected = min(values) if modes[key] == "min" else max(values)
+        assert float(best[key].best_model_score) == pytest.approx(expected), key
 
 
 def test_early_stopping_ends_the_run_completed(tmp_path):

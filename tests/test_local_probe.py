@@ -21,19 +21,24 @@ def read_csv(path: Path) -> list[dict[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def probed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A 2-round quickstart run (lr decay 0.5), then the probe of clients 0 and 3 with FedAvg and FedCAD from it."""
-    tmp = tmp_path_factory.mktemp("probe")
-    run = tmp / "run"
+def global_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-round quickstart run (lr decay 0.5), in this process: the probe is what runs as a script."""
+    run = tmp_path_factory.mktemp("probe") / "run"
     fit = ["fit", "--config", str(ROOT / "configs/quickstart.yaml"), "--federation.rounds", "2"]
     fit += ["--federation.lr_decay", "0.5", "--federation.plots", "false", "--trainer.default_root_dir", str(run)]
-    cli_main([*fit, "--trainer.enable_progress_bar", "false"])  # in this process: the probe is what runs as a script
-    out = tmp / "results" / "probe"
-    probe = [sys.executable, "bench/local_probe.py", "--ckpt", str(run / "checkpoints" / "last.ckpt")]
+    cli_main([*fit, "--trainer.enable_progress_bar", "false"])
+    return run
+
+
+@pytest.fixture(scope="module")
+def probed(global_run: Path) -> tuple[Path, Path]:
+    """The probe of clients 0 and 3 with FedAvg and FedCAD from :func:`global_run`'s last checkpoint."""
+    out = global_run.parent / "results" / "probe"
+    probe = [sys.executable, "bench/local_probe.py", "--ckpt", str(global_run / "checkpoints" / "last.ckpt")]
     probe += ["--clients", "0", "3", "--methods", "fedavg", "fedcad", "--out", str(out)]
     done = subprocess.run(probe, cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
-    return run, out
+    return global_run, out
 
 
 @pytest.mark.slow
@@ -100,13 +105,11 @@ def test_each_global_models_rows_join_the_report(tmp_path: Path, monkeypatch: py
     assert [r["seed"] for r in merged] == ["2", "10"] and list(merged[0]) == list(local_probe.PER_SEED_COLUMNS)
 
 
-def test_the_probe_trains_at_the_next_rounds_learning_rate(
-    probed: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_probe_trains_at_the_next_rounds_learning_rate(global_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
     import _setting
 
-    run, _ = probed
+    run = global_run
     state, _, hp, federation = _setting.run_setting(run / "checkpoints" / "last.ckpt")
     assert _setting.rounds_done(state, federation) == 2 and _setting.run_seed(state) == 0
     assert _setting.round_lr_scale(state, federation) == 0.25  # round 3's: 0.5 ** 2
@@ -116,8 +119,8 @@ def test_the_probe_trains_at_the_next_rounds_learning_rate(
 
 
 @pytest.mark.slow
-def test_a_method_the_probe_cannot_start_fails_before_any_probe(probed: tuple[Path, Path], tmp_path: Path) -> None:
-    run, _ = probed
+def test_a_method_the_probe_cannot_start_fails_before_any_probe(global_run: Path, tmp_path: Path) -> None:
+    run = global_run
     cmd = [sys.executable, "bench/local_probe.py", "--ckpt", str(run / "checkpoints" / "last.ckpt")]
     done = subprocess.run([*cmd, "--methods", "fedavg", "moon", "--out", str(tmp_path)], cwd=ROOT, capture_output=True)
     assert done.returncode != 0 and done.stderr.decode().strip().endswith("the probe starts only the network")

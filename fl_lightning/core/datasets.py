@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import gzip
 import hashlib
 import os
@@ -177,7 +178,13 @@ def _labels_tensor(labels: Sequence[int] | np.ndarray) -> torch.Tensor:
 # digits
 
 
-def _load_digits(root: Path, download: bool) -> _Arrays:
+@functools.cache
+def _digits_arrays() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """scikit-learn's digits as uint8 images ``[N, 1, 8, 8]`` and labels, with the stratified 80/20 split's indices.
+
+    Read once a process (parsing scikit-learn's CSV takes longer than a tiny federation's set-up); every load gets
+    copies of its own.
+    """
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -187,8 +194,15 @@ def _load_digits(root: Path, download: bool) -> _Arrays:
     train_idx, test_idx = train_test_split(
         np.arange(len(labels)), test_size=0.2, random_state=0, stratify=labels, shuffle=True
     )
+    for array in (images, labels, train_idx, test_idx):
+        array.flags.writeable = False
+    return images, labels, train_idx, test_idx
+
+
+def _load_digits(root: Path, download: bool) -> _Arrays:
+    images, labels, train_idx, test_idx = _digits_arrays()
     return (
-        torch.from_numpy(images[train_idx]),
+        torch.from_numpy(images[train_idx]),  # indexing copies: a caller may change its tensors in place
         torch.from_numpy(labels[train_idx]),
         torch.from_numpy(images[test_idx]),
         torch.from_numpy(labels[test_idx]),
