@@ -105,8 +105,9 @@ class Federation(Callback, FederatedServer):
             and one batched matmul; more memory) or ``loop`` (one convolution per client, for a step recorded as a CUDA
             graph). The same convolution up to float rounding.
         collapse_rounds: stop a run as ``diverged`` once its global model has been right on at most one class (it
-            predicts one class for everything: chance accuracy, the papers' "Failed") in this many evaluated rounds
-            in a row; the divergence round is the first of them (``None``: never; never for a one-class test set).
+            predicts one class for everything: chance accuracy, the papers' "Failed") with a test loss no lower than
+            a uniform guess's (ln C: a model whose loss falls below it is learning) in this many evaluated rounds in
+            a row; the divergence round is the first of them (``None``: never; never for a one-class test set).
     """
 
     def __init__(

@@ -33,7 +33,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from fl_lightning.core import faults
 from fl_lightning.core.evaluation import Evaluation
 from fl_lightning.core.files import is_disk_full, overwrite_in_place, remove_temporaries, write_text_atomic
-from fl_lightning.core.metrics import forgetting
+from fl_lightning.core.metrics import collapsed, forgetting
 from fl_lightning.core.rounds import RoundState
 from fl_lightning.core.run_lock import RunDirWatch
 from fl_lightning.core.rundir import RunDirLost, check_fresh_run_dir
@@ -292,20 +292,22 @@ class RunRecorder:
     def divergence(self, collapse_rounds: int | None, num_test_classes: int) -> tuple[int, str] | None:
         """Whether the last recorded round shows the run diverged: ``(divergence round, reason)``, else ``None``.
 
-        Diverged: a non-finite test loss, or a collapse (the global model right on at most one class for
-        ``collapse_rounds`` evaluated rounds in a row, the papers' "Failed"), which diverged in its first round;
-        never a collapse with fewer than two test classes.
+        Diverged: a non-finite test loss, or a collapse (the global model right on at most one class, its test loss
+        no lower than a uniform guess's, for ``collapse_rounds`` evaluated rounds in a row: the papers' "Failed"),
+        which diverged in its first round; never a collapse with fewer than two test classes.
         """
         row = self.history[-1]
-        collapsed = self.collapsed_since(collapse_rounds) if num_test_classes >= 2 else None
+        since = self.collapsed_since(collapse_rounds) if num_test_classes >= 2 else None
         if not np.isfinite(row["global_loss"]):
             return int(row["round"]), "the global model's test loss is not finite"
-        if collapsed is not None:
+        if since is not None:
+            classes = len(self.class_acc_history[-1])
             reason = (
-                f"the global model has been right on at most one class (accuracy {row['global_acc']:.2%}) "
-                f"in {collapse_rounds} evaluated rounds in a row"
+                f"the global model has been right on at most one class, with a test loss no lower than a uniform "
+                f"guess's ln {classes} = {np.log(classes):.4f}, in {collapse_rounds} evaluated rounds in a row to "
+                f"round {int(row['round'])} (accuracy {row['global_acc']:.2%}, test loss {row['global_loss']:.4f})"
             )
-            return collapsed, reason
+            return since, reason
         return None
 
     def end(self, trainer: L.Trainer, total_rounds: int) -> None:
@@ -348,15 +350,19 @@ class RunRecorder:
     def collapsed_since(self, patience: int | None) -> int | None:
         """The first round of a collapse that spans the last ``patience`` evaluated rounds (else None).
 
-        Collapsed: the global model is right on at most one class (it predicts one class for everything).
+        Collapsed (:func:`~fl_lightning.core.metrics.collapsed`): the global model is right on at most one class (it
+        predicts one class for everything) and its test loss is no lower than a uniform guess's.
         """
         if not patience or len(self.class_acc_history) < patience:
             return None
-        one_class = [int((np.asarray(c) > 0).sum()) <= 1 for c in self.class_acc_history]
-        if not all(one_class[-patience:]):
+        down = [
+            collapsed(accs, float(row["global_loss"]))
+            for accs, row in zip(self.class_acc_history, self.history, strict=True)
+        ]
+        if not all(down[-patience:]):
             return None
-        first = len(one_class) - patience
-        while first > 0 and one_class[first - 1]:
+        first = len(down) - patience
+        while first > 0 and down[first - 1]:
             first -= 1
         return int(self.history[first]["round"])
 

@@ -7,6 +7,7 @@ import signal
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 import pytest
 import torch
 from helpers import bare_trainer, read_metrics, read_summary, tiny_run
@@ -194,6 +195,20 @@ def test_collapse_to_one_class_stops_as_diverged(tmp_path):
     assert fed_off.status == "completed" and len(fed_off.history) == 6
 
 
+def test_a_slow_start_predicting_one_class_is_not_a_collapse(tmp_path):
+    """One or two local steps a client a round: the global model predicts one class for rounds while its test loss falls
+    below a uniform guess's (ln 10): it is learning, and runs past the default 10 rounds."""
+    data = {"num_clients": 20, "alpha": 0.5, "batch_size": 64}
+    _, fed, _ = tiny_run(tmp_path, rounds=12, data_kwargs=data, fed_kwargs={"sample_ratio": 0.5})
+    assert fed.status == "completed" and len(fed.history) == 12
+    assert all(row["global_acc"] == pytest.approx(0.1, abs=0.002) for row in fed.history)  # one class right
+    losses = [row["global_loss"] for row in fed.history]
+    assert losses[0] > math.log(10) > losses[-1] and losses == sorted(losses, reverse=True)
+    # right on one class in every round: without the loss's test, a collapse from round 1 that stopped at round 10
+    assert fed.recorder is not None and fed.recorder.collapsed_since(10) is None
+    assert all(int((np.asarray(c) > 0).sum()) == 1 for c in fed.recorder.class_acc_history)
+
+
 def test_a_one_class_test_set_is_never_a_collapse(tmp_path):
     from fl_lightning.core.datasets import load_dataset
 
@@ -213,10 +228,12 @@ def test_collapsed_since_counts_evaluated_rounds():
     rec = RunRecorder(Path("unused"), {}, plots=False, total_rounds=10)
     healthy, one_class = [0.5, 0.4, 0.3], [1.0, 0.0, 0.0]
     for rnd, accs in enumerate([one_class, healthy, one_class, one_class, one_class], start=1):
-        rec.history.append({"round": rnd})
+        rec.history.append({"round": rnd, "global_loss": 1.5})  # above ln 3 = 1.0986: no better than a uniform guess
         rec.class_acc_history.append(accs)
     assert rec.collapsed_since(3) == 3
     assert rec.collapsed_since(4) is None and rec.collapsed_since(None) is None
+    rec.history[3]["global_loss"] = 1.0  # one class, but a loss below ln 3: learning, which ends the streak
+    assert rec.collapsed_since(3) is None and rec.collapsed_since(1) == 5
 
 
 class TestBadInput:

@@ -1,4 +1,4 @@
-"""Metrics the papers report, as pure functions of accuracy histories."""
+"""Metrics the papers report, and when a global model has collapsed, as pure functions of accuracies and losses."""
 
 from __future__ import annotations
 
@@ -26,6 +26,37 @@ def forgetting(class_acc_history: Sequence[Sequence[float]] | np.ndarray) -> flo
     if len(hist) < 2:
         return 0.0
     return float(np.round(np.mean(np.max(hist[:-1] - hist[-1], axis=0)), 12))
+
+
+#: How far (relatively) below ln C a test loss must be to count as better than a uniform guess: well above the float32
+#: rounding of a mean cross-entropy, whose value for equal logits is ln C.
+UNIFORM_LOSS_RTOL = 1e-4
+
+
+def collapsed(class_acc: Sequence[float] | np.ndarray, test_loss: float) -> bool:
+    """Whether a global model has collapsed: right on at most one class, its test loss no lower than a uniform guess's.
+
+    Collapsed: at most one class c has A_c > 0 (the model predicts one class for everything, the papers' "Failed")
+    and the mean test cross-entropy is at least ln C, the loss of equal logits over the C classes (within
+    :data:`UNIFORM_LOSS_RTOL`). A model that still predicts one class but whose loss has fallen below ln C knows
+    something of the labels: it is learning (a slow start), not failed. A non-finite loss counts as collapsed.
+
+    Args:
+        class_acc: ``[C]`` the model's test accuracy per class.
+        test_loss: its mean test cross-entropy.
+
+    >>> collapsed([0.0, 1.0, 0.0], 1.0986)  # one class, loss ln 3: no better than a uniform guess
+    True
+    >>> collapsed([0.0, 1.0, 0.0], 1.05)  # one class, but the loss has fallen below ln 3
+    False
+    >>> collapsed([0.5, 1.0, 0.0], 3.0)  # right on two classes
+    False
+    """
+    accs = np.asarray(class_acc, dtype=np.float64)
+    if accs.ndim != 1 or len(accs) < 2:
+        raise ValueError(f"class_acc must be [C] with C >= 2, got shape {accs.shape}")
+    one_class = int((accs > 0).sum()) <= 1
+    return one_class and not test_loss < np.log(len(accs)) * (1 - UNIFORM_LOSS_RTOL)
 
 
 def rounds_to_target(rounds: Sequence[int], accs: Sequence[float], target: float) -> int | None:
