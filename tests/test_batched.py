@@ -170,7 +170,7 @@ def test_every_method_matches_sequential(tmp_path: Path, name: str) -> None:
         )
     if name in STATEFUL:  # the second round trained on every client's state from the first
         assert len(results["batched"][0].client_states) == 5
-    cache = results["static"][0].executor.capture  # type: ignore[union-attr]
+    cache = results["static"][0].executor.capture
     assert cache is not None and cache.builds >= 1 and cache.notes == []
     assert_same_federation(results["batched"], results["seq"])
     # FedDyn's server step divides the clients' change by alpha (w_g = average - h/alpha): the built step's float32
