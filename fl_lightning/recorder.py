@@ -355,14 +355,14 @@ class RunRecorder:
         """
         if not patience or len(self.class_acc_history) < patience:
             return None
-        down = [
-            collapsed(accs, float(row["global_loss"]))
-            for accs, row in zip(self.class_acc_history, self.history, strict=True)
-        ]
-        if not all(down[-patience:]):
+
+        def down(i: int) -> bool:
+            return collapsed(self.class_acc_history[i], float(self.history[i]["global_loss"]))
+
+        first = len(self.class_acc_history) - patience
+        if not all(down(i) for i in range(first, len(self.class_acc_history))):  # a round reads the last few only
             return None
-        first = len(down) - patience
-        while first > 0 and down[first - 1]:
+        while first > 0 and down(first - 1):
             first -= 1
         return int(self.history[first]["round"])
 
