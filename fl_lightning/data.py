@@ -447,6 +447,12 @@ class FederatedDataModule(L.LightningDataModule):
         assert self._test is not None, "num_test_classes needs setup() first"
         return len(torch.unique(self._test.y))
 
+    @property
+    def test_class_counts(self) -> np.ndarray:
+        """Test samples per class, ``[num_classes]``."""
+        assert self._test is not None, "test_class_counts needs setup() first"
+        return np.bincount(self._test.y.numpy(), minlength=self.num_classes)
+
     def train_dataloader(self) -> RoundBatches:
         """The current round's local batches of all its clients, one after another."""
         planner = _round_planner(self.trainer)

@@ -106,8 +106,9 @@ class Federation(Callback, FederatedServer):
             graph). The same convolution up to float rounding.
         collapse_rounds: stop a run as ``diverged`` once its global model has been right on at most one class (it
             predicts one class for everything: chance accuracy, the papers' "Failed") with a test loss no lower than
-            a uniform guess's (ln C: a model whose loss falls below it is learning) in this many evaluated rounds in
-            a row; the divergence round is the first of them (``None``: never; never for a one-class test set).
+            a prediction that ignores its input reaches (the test labels' entropy, ln C when balanced: a model whose
+            loss falls below it is learning) in this many evaluated rounds in a row; the divergence round is the
+            first of them (``None``: never; never for a one-class test set).
     """
 
     def __init__(
@@ -389,7 +390,7 @@ class Federation(Callback, FederatedServer):
         # Lightning logs a round's epoch metrics at this counter minus one, and the next LR monitor reading at it.
         set_logged_step(trainer, trainer.current_epoch + 2)
         if self.recorder.record_measured(trainer):
-            diverged = self.recorder.divergence(self.collapse_rounds, self.dm.num_test_classes)
+            diverged = self.recorder.divergence(self.collapse_rounds, self.dm.test_class_counts)
             if diverged is not None:
                 self._stop_diverged(trainer, *diverged)
         rules.step_lr_schedulers(trainer, pl_module)

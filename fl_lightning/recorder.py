@@ -33,7 +33,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from fl_lightning.core import faults
 from fl_lightning.core.evaluation import Evaluation
 from fl_lightning.core.files import is_disk_full, overwrite_in_place, remove_temporaries, write_text_atomic
-from fl_lightning.core.metrics import collapsed, forgetting
+from fl_lightning.core.metrics import collapsed, forgetting, label_entropy
 from fl_lightning.core.rounds import RoundState
 from fl_lightning.core.run_lock import RunDirWatch
 from fl_lightning.core.rundir import RunDirLost, check_fresh_run_dir
@@ -289,23 +289,24 @@ class RunRecorder:
         self.say(trainer, f"round {round_number}: diverged ({reason}); stopping")
         self.finish(trainer, "diverged", reason)
 
-    def divergence(self, collapse_rounds: int | None, num_test_classes: int) -> tuple[int, str] | None:
+    def divergence(self, collapse_rounds: int | None, test_counts: np.ndarray) -> tuple[int, str] | None:
         """Whether the last recorded round shows the run diverged: ``(divergence round, reason)``, else ``None``.
 
         Diverged: a non-finite test loss, or a collapse (the global model right on at most one class, its test loss
-        no lower than a uniform guess's, for ``collapse_rounds`` evaluated rounds in a row: the papers' "Failed"),
-        which diverged in its first round; never a collapse with fewer than two test classes.
+        no lower than the test labels' entropy, for ``collapse_rounds`` evaluated rounds in a row: the papers'
+        "Failed"), which diverged in its first round; never a collapse with fewer than two test classes.
+        ``test_counts``: test samples per class.
         """
         row = self.history[-1]
-        since = self.collapsed_since(collapse_rounds) if num_test_classes >= 2 else None
+        since = self.collapsed_since(collapse_rounds, test_counts) if (np.asarray(test_counts) > 0).sum() >= 2 else None
         if not np.isfinite(row["global_loss"]):
             return int(row["round"]), "the global model's test loss is not finite"
         if since is not None:
-            classes = len(self.class_acc_history[-1])
             reason = (
-                f"the global model has been right on at most one class, with a test loss no lower than a uniform "
-                f"guess's ln {classes} = {np.log(classes):.4f}, in {collapse_rounds} evaluated rounds in a row to "
-                f"round {int(row['round'])} (accuracy {row['global_acc']:.2%}, test loss {row['global_loss']:.4f})"
+                f"the global model has been right on at most one class, with a test loss no lower than ignoring the "
+                f"input reaches (the test labels' entropy, {label_entropy(test_counts):.4f}), in {collapse_rounds} "
+                f"evaluated rounds in a row to round {int(row['round'])} (accuracy {row['global_acc']:.2%}, "
+                f"test loss {row['global_loss']:.4f})"
             )
             return since, reason
         return None
@@ -347,17 +348,18 @@ class RunRecorder:
         finally:
             self._watch.close()
 
-    def collapsed_since(self, patience: int | None) -> int | None:
+    def collapsed_since(self, patience: int | None, test_counts: np.ndarray) -> int | None:
         """The first round of a collapse that spans the last ``patience`` evaluated rounds (else None).
 
         Collapsed (:func:`~fl_lightning.core.metrics.collapsed`): the global model is right on at most one class (it
-        predicts one class for everything) and its test loss is no lower than a uniform guess's.
+        predicts one class for everything) and its test loss is no lower than the entropy of the test labels
+        (``test_counts``: samples per class), the best a prediction that ignores its input reaches.
         """
         if not patience or len(self.class_acc_history) < patience:
             return None
 
         def down(i: int) -> bool:
-            return collapsed(self.class_acc_history[i], float(self.history[i]["global_loss"]))
+            return collapsed(self.class_acc_history[i], float(self.history[i]["global_loss"]), test_counts)
 
         first = len(self.class_acc_history) - patience
         if not all(down(i) for i in range(first, len(self.class_acc_history))):  # a round reads the last few only

@@ -11,7 +11,6 @@ against ``torch.optim.SGD``.
 from __future__ import annotations
 
 import copy
-import inspect
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -173,11 +172,11 @@ def test_every_method_matches_sequential(tmp_path: Path, name: str) -> None:
     cache = results["static"][0].executor.capture
     assert cache is not None and cache.builds >= 1 and cache.notes == []
     assert_same_federation(results["batched"], results["seq"])
-    # FedDyn's server step divides the clients' change by alpha (w_g = average - h/alpha): the built step's float32
-    # rounding (all five clients in each call, the finished ones masked) reaches its second round 1/alpha-fold; in
-    # float64 the two agree to rounding (test_feddyn_built_step_equals_sequential_in_float64).
-    alpha = inspect.signature(METHODS["feddyn"]).parameters["alpha"].default
-    assert_same_federation(results["static"], results["seq"], atol=ATOL / alpha if name == "feddyn" else ATOL)
+    # FedDyn's built step ends its second round 8.6e-5 from the sequential engine's in float32 here: a rounding
+    # difference in a client's first round that alpha moves erratically (5.8e-4 at 0.0099, 4.5e-8 at 0.0101, the
+    # per-step batched engine alike). Its weights are held to 1e-3 (the losses stay at 1e-5); in float64 the two agree
+    # to 1e-12 (test_feddyn_built_step_equals_sequential_in_float64).
+    assert_same_federation(results["static"], results["seq"], atol=1e-3 if name == "feddyn" else ATOL)
 
 
 def test_feddyn_built_step_equals_sequential_in_float64(tmp_path: Path) -> None:

@@ -195,9 +195,43 @@ def test_collapse_to_one_class_stops_as_diverged(tmp_path):
     assert fed_off.status == "completed" and len(fed_off.history) == 6
 
 
+class _PredictsThePrior(FedAvg):
+    """From round 2 on the server keeps only the output bias, set to the log of the test labels' frequencies: the model
+    ignores its input and predicts the most frequent class, at the lowest loss an input-blind model reaches."""
+
+    log_prior: torch.Tensor
+
+    def server_update(self, server, average, uploads):
+        if server.round < 1:
+            return average
+        out = {k: torch.zeros_like(v) if v.is_floating_point() else v for k, v in average.items()}
+        out["net.classifier.bias"] = self.log_prior.clone()
+        return out
+
+
+def test_a_model_that_ignores_its_input_is_a_collapse_on_skewed_labels(tmp_path):
+    """Its test loss, the labels' entropy, is below ln 10 when the classes are uneven: still a collapse."""
+    from fl_lightning.core.datasets import load_dataset
+    from fl_lightning.core.metrics import label_entropy
+
+    data = load_dataset("digits")
+    keep = (data.test_y < 2) | (torch.arange(len(data.test_y)) % 4 == 0)  # every 0 and 1, a quarter of the others
+    test_x, test_y = data.test_x[keep], data.test_y[keep]
+    counts = np.bincount(test_y.numpy(), minlength=10)
+    assert label_entropy(counts) < math.log(10) - 0.1
+    model = _PredictsThePrior(net="lenet", lr=0.05)
+    model.log_prior = torch.log(torch.tensor(counts / counts.sum(), dtype=torch.float32))
+    dm = FederatedDataModule.from_tensors(data.train_x, data.train_y, test_x, test_y, num_clients=3)
+    fed = Federation(rounds=6, collapse_rounds=3, plots=False)
+    bare_trainer(tmp_path, fed).fit(model, datamodule=dm)
+    assert fed.status == "diverged" and fed.recorder is not None and fed.recorder.diverged_round == 2
+    assert fed.history[-1]["global_loss"] == pytest.approx(label_entropy(counts), rel=1e-5)  # below ln 10
+
+
 def test_a_slow_start_predicting_one_class_is_not_a_collapse(tmp_path):
     """One or two local steps a client a round: the global model predicts one class for rounds while its test loss falls
-    below a uniform guess's (ln 10): it is learning, and runs past the default 10 rounds."""
+    below what ignoring the input reaches (ln 10 on digits' balanced test set): it is learning, and runs past the
+    default 10 rounds."""
     data = {"num_clients": 20, "alpha": 0.5, "batch_size": 64}
     _, fed, _ = tiny_run(tmp_path, rounds=12, data_kwargs=data, fed_kwargs={"sample_ratio": 0.5})
     assert fed.status == "completed" and len(fed.history) == 12
@@ -205,7 +239,7 @@ def test_a_slow_start_predicting_one_class_is_not_a_collapse(tmp_path):
     losses = [row["global_loss"] for row in fed.history]
     assert losses[0] > math.log(10) > losses[-1] and losses == sorted(losses, reverse=True)
     # right on one class in every round: without the loss's test, a collapse from round 1 that stopped at round 10
-    assert fed.recorder is not None and fed.recorder.collapsed_since(10) is None
+    assert fed.recorder is not None and fed.recorder.collapsed_since(10, np.full(10, 36)) is None
     assert all(int((np.asarray(c) > 0).sum()) == 1 for c in fed.recorder.class_acc_history)
 
 
@@ -230,10 +264,12 @@ def test_collapsed_since_counts_evaluated_rounds():
     for rnd, accs in enumerate([one_class, healthy, one_class, one_class, one_class], start=1):
         rec.history.append({"round": rnd, "global_loss": 1.5})  # above ln 3 = 1.0986: no better than a uniform guess
         rec.class_acc_history.append(accs)
-    assert rec.collapsed_since(3) == 3
-    assert rec.collapsed_since(4) is None and rec.collapsed_since(None) is None
+    balanced = np.array([10, 10, 10])
+    assert rec.collapsed_since(3, balanced) == 3
+    assert rec.collapsed_since(4, balanced) is None and rec.collapsed_since(None, balanced) is None
     rec.history[3]["global_loss"] = 1.0  # one class, but a loss below ln 3: learning, which ends the streak
-    assert rec.collapsed_since(3) is None and rec.collapsed_since(1) == 5
+    assert rec.collapsed_since(3, balanced) is None and rec.collapsed_since(1, balanced) == 5
+    assert rec.collapsed_since(3, np.array([40, 5, 5])) == 3  # skewed labels: ignoring the input reaches 0.64
 
 
 class TestBadInput:

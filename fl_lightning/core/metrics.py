@@ -28,35 +28,59 @@ def forgetting(class_acc_history: Sequence[Sequence[float]] | np.ndarray) -> flo
     return float(np.round(np.mean(np.max(hist[:-1] - hist[-1], axis=0)), 12))
 
 
-#: How far (relatively) below ln C a test loss must be to count as better than a uniform guess: well above the float32
-#: rounding of a mean cross-entropy, whose value for equal logits is ln C.
-UNIFORM_LOSS_RTOL = 1e-4
+#: How far (relatively) below the test labels' entropy a test loss must be to count as better than ignoring the input:
+#: well above the float32 rounding of a mean cross-entropy.
+PRIOR_LOSS_RTOL = 1e-4
 
 
-def collapsed(class_acc: Sequence[float] | np.ndarray, test_loss: float) -> bool:
-    """Whether a global model has collapsed: right on at most one class, its test loss no lower than a uniform guess's.
+def label_entropy(counts: Sequence[float] | np.ndarray) -> float:
+    """H(p) = −Σ_c p_c·ln p_c of the label frequencies p = counts / Σ counts (ln C for C balanced classes).
+
+    The lowest mean cross-entropy a prediction that ignores its input reaches on these labels (by predicting p).
+
+    >>> round(label_entropy([5, 5, 5, 5]), 4)  # ln 4
+    1.3863
+    >>> label_entropy([3, 0, 0])
+    0.0
+    """
+    n = np.asarray(counts, dtype=np.float64)
+    if n.ndim != 1 or (n < 0).any() or n.sum() <= 0:
+        raise ValueError(f"counts must be [C] non-negative with a positive sum, got {n.tolist()}")
+    p = n[n > 0] / n.sum()
+    return max(0.0, float(-(p * np.log(p)).sum()))  # one class: 0.0, not -0.0
+
+
+def collapsed(
+    class_acc: Sequence[float] | np.ndarray, test_loss: float, test_counts: Sequence[float] | np.ndarray
+) -> bool:
+    """Whether a global model has collapsed: right on at most one class, its loss no better than ignoring the input.
 
     Collapsed: at most one class c has A_c > 0 (the model predicts one class for everything, the papers' "Failed")
-    and the mean test cross-entropy is at least ln C, the loss of equal logits over the C classes (within
-    :data:`UNIFORM_LOSS_RTOL`). A model that still predicts one class but whose loss has fallen below ln C knows
-    something of the labels: it is learning (a slow start), not failed. A non-finite loss counts as collapsed.
+    and the mean test cross-entropy is at least the entropy of the test labels, H(p) (:func:`label_entropy`; ln C
+    for balanced classes), within :data:`PRIOR_LOSS_RTOL`. Any prediction that ignores its input scores
+    H(p) + KL(p‖q) ≥ H(p) on these labels, so a model that still predicts one class but scores below H(p) reads
+    its input: it is learning (a slow start), not failed. A non-finite loss counts as collapsed.
 
     Args:
         class_acc: ``[C]`` the model's test accuracy per class.
         test_loss: its mean test cross-entropy.
+        test_counts: ``[C]`` test samples per class.
 
-    >>> collapsed([0.0, 1.0, 0.0], 1.0986)  # one class, loss ln 3: no better than a uniform guess
+    >>> balanced = [10, 10, 10]  # H = ln 3 = 1.0986
+    >>> collapsed([0.0, 1.0, 0.0], 1.0986, balanced)  # one class, no better than a uniform guess
     True
-    >>> collapsed([0.0, 1.0, 0.0], 1.05)  # one class, but the loss has fallen below ln 3
+    >>> collapsed([0.0, 1.0, 0.0], 1.05, balanced)  # one class, but below what ignoring the input reaches
     False
-    >>> collapsed([0.5, 1.0, 0.0], 3.0)  # right on two classes
+    >>> collapsed([0.0, 1.0, 0.0], 1.05, [20, 5, 5])  # skewed labels: H = 0.8676, reached by predicting them
+    True
+    >>> collapsed([0.5, 1.0, 0.0], 3.0, balanced)  # right on two classes
     False
     """
     accs = np.asarray(class_acc, dtype=np.float64)
-    if accs.ndim != 1 or len(accs) < 2:
-        raise ValueError(f"class_acc must be [C] with C >= 2, got shape {accs.shape}")
+    if accs.ndim != 1 or len(accs) < 2 or len(accs) != len(test_counts):
+        raise ValueError(f"class_acc must be [C] with C >= 2, as test_counts, got {accs.shape} and {len(test_counts)}")
     one_class = int((accs > 0).sum()) <= 1
-    return one_class and not test_loss < np.log(len(accs)) * (1 - UNIFORM_LOSS_RTOL)
+    return one_class and not test_loss < label_entropy(test_counts) * (1 - PRIOR_LOSS_RTOL)
 
 
 def rounds_to_target(rounds: Sequence[int], accs: Sequence[float], target: float) -> int | None:

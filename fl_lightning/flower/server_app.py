@@ -209,7 +209,7 @@ def _rounds(
                 result = dm.test_evaluation(module, trainer.precision_plugin.forward_context())
                 recorder.end_round(trainer, rnd, result)
                 recorder.record_measured(trainer)
-                diverged = recorder.divergence(fed.collapse_rounds, dm.num_test_classes)
+                diverged = recorder.divergence(fed.collapse_rounds, dm.test_class_counts)
                 if diverged is not None:
                     recorder.finish_diverged(trainer, *diverged)
                     _close_loggers(trainer, recorder.status)
