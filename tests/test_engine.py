@@ -230,8 +230,8 @@ def test_a_model_that_ignores_its_input_is_a_collapse_on_skewed_labels(tmp_path)
 
 def test_a_slow_start_predicting_one_class_is_not_a_collapse(tmp_path):
     """One or two local steps a client a round: the global model predicts one class for rounds while its test loss falls
-    below what ignoring the input reaches (ln 10 on digits' balanced test set): it is learning, and runs past the
-    default 10 rounds."""
+    below what ignoring the input reaches (about ln 10 on digits' stratified test set): it is learning, and runs past
+    the default 10 rounds."""
     data = {"num_clients": 20, "alpha": 0.5, "batch_size": 64}
     _, fed, _ = tiny_run(tmp_path, rounds=12, data_kwargs=data, fed_kwargs={"sample_ratio": 0.5})
     assert fed.status == "completed" and len(fed.history) == 12
