@@ -457,6 +457,26 @@ def _param_views(vector: Tensor, module: nn.Module) -> list[Tensor]:
     return [v.view(shape) for v, shape in zip(vector.split([s.numel() for s in shapes]), shapes, strict=True)]
 
 
+def _trainable_part(vector: Tensor, module: nn.Module) -> Tensor:
+    """``vector`` over ``module``'s trainable parameters, also when a checkpoint's covered frozen ones as well.
+
+    Such a checkpoint's vector covers every parameter in ``named_parameters()`` order; its frozen entries, never
+    trained, are dropped.
+    """
+    kept = {name for name, _ in trainable(module)}
+    named = list(module.named_parameters())
+    size = sum(p.numel() for name, p in named if name in kept)
+    if vector.numel() == size:
+        return vector
+    if vector.numel() != sum(p.numel() for _, p in named):
+        raise ValueError(
+            f"a parameter-space state of {vector.numel()} entries does not fit this network's {size} trainable "
+            "parameters: was the checkpoint written for another network?"
+        )
+    parts = vector.split([p.numel() for _, p in named])
+    return torch.cat([part for part, (name, _) in zip(parts, named, strict=True) if name in kept])
+
+
 def _with_params(state: Mapping[str, Tensor], vector: Tensor, module: nn.Module) -> dict[str, Tensor]:
     """A copy of ``state`` whose trainable parameters' entries are taken from ``vector`` (the rest kept)."""
     out = dict(state)
@@ -595,6 +615,8 @@ class FedDyn(FedAvg):
         names = [name for name, _ in trainable(self)]
         self._global_params = {name: client.global_weights[name] for name in names}
         h_k = client.state.get("h")
+        if h_k is not None:
+            h_k = client.state["h"] = _trainable_part(h_k, self)
         self._h_k = None if h_k is None else dict(zip(names, _param_views(h_k.to(self.device), self), strict=True))
 
     def client_loss(self, x: Tensor, y: Tensor) -> Tensor:
@@ -618,7 +640,7 @@ class FedDyn(FedAvg):
     ) -> dict[str, Tensor]:
         """Server state h ← h + Σ_k Δh_k / N; w_g ← average − h/α on the parameters."""
         delta = uploads["delta_h"]
-        h = server.state.get("h", torch.zeros_like(delta)).to(delta) + delta / server.num_clients
+        h = _trainable_part(server.state.get("h", torch.zeros_like(delta)), self).to(delta) + delta / server.num_clients
         server.state["h"] = h
         avg = _state_vector(average, self)
         return _with_params(average, avg - h.to(avg) / self.alpha, self)

@@ -609,3 +609,56 @@ def test_a_checkpoint_whose_sgd_lists_frozen_parameters_resumes(tmp_path: Path, 
         patch.setattr(FedAvg, "configure_optimizers", lambda self: torch.optim.SGD(self.parameters(), lr=0.05))
         fit(1, None)
     assert [row["round"] for row in fit(2, "last").history] == [1, 2]
+
+
+@pytest.mark.parametrize("engine", ["sequential", "batched"])
+def test_a_feddyn_checkpoint_whose_h_covers_frozen_parameters_resumes(tmp_path: Path, engine: str) -> None:
+    """Before frozen parameters were left out of FedDyn's h, checkpoints held them: such a run resumes, as if new."""
+    from helpers import bare_trainer
+
+    import fl_lightning.methods as methods_module
+    from fl_lightning import FederatedDataModule, Federation
+    from fl_lightning.core.models import build_model
+
+    def fit(root: Path, rounds: int, ckpt_path: str | None, engine: str = "sequential") -> dict[str, torch.Tensor]:
+        torch.manual_seed(0)
+        net = build_model("lenet", 1, 8, 10)
+        next(net.parameters()).requires_grad_(False)
+        model = METHODS["feddyn"](net=net, lr=0.05)
+        fed = Federation(rounds=rounds, engine=engine, sample_ratio=1.0, plots=False)
+        dm = FederatedDataModule("digits", num_clients=4, batch_size=64)
+        bare_trainer(root, fed, enable_checkpointing=True).fit(model, dm, ckpt_path=ckpt_path)
+        return model.state_dict()
+
+    with pytest.MonkeyPatch.context() as patch:  # the old FedDyn: h over every parameter, frozen ones too
+        patch.setattr(methods_module, "trainable", lambda module: list(module.named_parameters()))
+        fit(tmp_path / "old", 1, None)
+    old = torch.load(tmp_path / "old/checkpoints/last.ckpt", weights_only=False)["callbacks"]
+    assert any(
+        value.numel() == sum(p.numel() for p in build_model("lenet", 1, 8, 10).parameters()) for value in _tensors(old)
+    ), "the simulated old checkpoint holds no h over every parameter"
+    resumed = fit(tmp_path / "old", 2, "last", engine)
+    fresh = fit(tmp_path / "new", 2, None)
+    for key, value in fresh.items():
+        torch.testing.assert_close(resumed[key], value, atol=1e-6, rtol=1e-6)
+
+
+def _tensors(state: object) -> list[torch.Tensor]:
+    """Every tensor inside nested dicts and lists."""
+    if isinstance(state, torch.Tensor):
+        return [state]
+    if isinstance(state, dict):
+        return [t for value in state.values() for t in _tensors(value)]
+    if isinstance(state, list | tuple):
+        return [t for value in state for t in _tensors(value)]
+    return []
+
+
+def test_a_parameter_state_that_fits_no_network_is_refused_by_size() -> None:
+    """A state vector of neither the network's parameters nor its trainable ones names both sizes."""
+    from fl_lightning.core.models import build_model
+    from fl_lightning.methods import _trainable_part
+
+    net = build_model("lenet", 1, 8, 10)
+    with pytest.raises(ValueError, match="5 entries does not fit this network's 21386 trainable parameters"):
+        _trainable_part(torch.zeros(5), net)
