@@ -445,6 +445,7 @@ class Federation(Callback, FederatedServer):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Close the record: completed when every round ran, interrupted when something stopped it early."""
         assert self.recorder is not None
+        self.recorder.add_late_metrics(trainer)
         self.recorder.end(trainer, self.rounds)
 
     @override
@@ -476,6 +477,19 @@ class Federation(Callback, FederatedServer):
         """Refuse a checkpoint (of a fit) made with other settings; its file was checked before it was read."""
         if self._stage == "fit" and self.dm is not None:  # before anything of the run is restored or written
             self.check_resume(checkpoint, pl_module.hparams, self.dm.hparams)
+
+    @override
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        """The round's record in the checkpoint also holds what the module logged in its own ``on_train_epoch_end``.
+
+        Lightning saves the round's checkpoint after that hook, but took the callbacks' states (:meth:`state_dict`)
+        before this one.
+        """
+        if self.recorder is not None and self._stage == "fit":
+            self.recorder.add_late_metrics(trainer)
+            state = checkpoint.get("callbacks", {}).get(self.state_key)
+            if isinstance(state, dict) and state.get("record") is not None:
+                state["record"] = self.recorder.state_dict()
 
     @override
     def state_dict(self) -> dict[str, Any]:

@@ -85,6 +85,7 @@ class RunRecorder:
         self._written_status: str | None = None  # the status summary.json holds now
         self._measured: tuple[dict[str, float], np.ndarray] | None = None  # the round evaluated, to be recorded
         self._metrics_before: dict[str, Any] = {}  # the callback metrics as the round started (begin_round)
+        self._row_open = False  # the last row may still gain what the module logs after it was recorded
         self._watch = RunDirWatch(run_dir)  # from start() on, tells when the run directory is removed
 
     # ---- state ---------------------------------------------------------------------------------------------------
@@ -139,15 +140,18 @@ class RunRecorder:
 
     def begin_round(self, trainer: L.Trainer) -> None:
         """A round starts: what Lightning's callback metrics hold now was logged before it (:meth:`record_round`)."""
+        self.add_late_metrics(trainer)
+        self._row_open = False
         self._metrics_before = dict(trainer.callback_metrics)
 
     def record_round(self, trainer: L.Trainer, measured: Mapping[str, Any], class_acc: np.ndarray) -> dict[str, float]:
         """Add one evaluated round (``measured`` holds round, global_acc, global_loss, ...); returns the full row.
 
         Whatever the module logged with ``self.log`` during the round (its last value, or its round mean with
-        ``on_epoch=True``) joins the row under its own name, so that it lands in ``metrics.csv`` and, with the round
-        as the step, in the loggers. A value logged in an earlier round only (validation that ran every few rounds,
-        say), which Lightning's callback metrics still hold, does not: its cell stays empty.
+        ``on_epoch=True``; in its own ``on_train_epoch_end``: :meth:`add_late_metrics`) joins the row under its own
+        name, so that it lands in ``metrics.csv`` and, with the round as the step, in the loggers. A value logged in an
+        earlier round only (validation that ran every few rounds, say), which Lightning's callback metrics still hold,
+        does not: its cell stays empty.
         """
         self.class_acc_history.append([float(a) for a in class_acc])
         prev_best = max((row["global_acc"] for row in self.history), default=-1.0)
@@ -157,11 +161,7 @@ class RunRecorder:
         row["elapsed_seconds"] = self.elapsed
         row.update({f"acc_class_{c}": float(a) for c, a in enumerate(class_acc)})
         self.publish(trainer, row)  # before the module's own metrics join the row: those are Lightning's already
-        for key, value in trainer.callback_metrics.items():
-            # A value Lightning has not updated since the round started is still the same object: an earlier round's.
-            fresh = value is not self._metrics_before.get(key)
-            if fresh and key not in row and key not in self._published and value.numel() == 1:
-                row[key] = float(value)
+        self._add_module_metrics(trainer, row)
         self.history.append(row)
         self._log(trainer, row)
         self.say(
@@ -174,9 +174,34 @@ class RunRecorder:
             with self._writing():
                 self._write_metrics()
                 self._write_summary()
+        self._row_open = True
         if int(row["round"]) >= self.total_rounds:
             faults.point("after-last-round")
         return row
+
+    def add_late_metrics(self, trainer: L.Trainer) -> None:
+        """Add to the last round's row what the module logged after the row was recorded, and rewrite ``metrics.csv``.
+
+        Lightning calls a module's own ``on_train_epoch_end`` after the callbacks' (but for checkpoints and early
+        stopping), so what it logs there arrives after the round was recorded. The callback calls this at the next
+        point it runs after that hook: a checkpoint's state, the next round's start, the end of training.
+        """
+        if not self._row_open or self.status != "running" or not self.history:
+            return
+        if self._add_module_metrics(trainer, self.history[-1]) and trainer.is_global_zero:
+            with self._writing():
+                self._write_metrics()
+
+    def _add_module_metrics(self, trainer: L.Trainer, row: dict[str, float]) -> bool:
+        """Add to ``row`` the single-valued callback metrics the module logged this round; whether any was new."""
+        added = False
+        for key, value in trainer.callback_metrics.items():
+            # A value Lightning has not updated since the round started is still the same object: an earlier round's.
+            fresh = value is not self._metrics_before.get(key)
+            if fresh and key not in row and key not in self._published and value.numel() == 1:
+                row[key] = float(value)
+                added = True
+        return added
 
     def end_round(
         self,

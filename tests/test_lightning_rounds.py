@@ -309,6 +309,35 @@ def test_lightnings_logged_keys_use_the_round_as_step(tmp_path):
     assert val_steps == fl_steps == [1, 2, 3]
 
 
+class _EpochEndLogs(FedAvg):
+    """Logs in its own ``on_train_epoch_end``: ``round_seen`` every round, ``even_only`` every second round."""
+
+    def on_train_epoch_end(self):
+        self.log("round_seen", float(self.current_epoch + 1))
+        if self.current_epoch % 2 == 1:
+            self.log("even_only", 10.0 * (self.current_epoch + 1))
+
+
+@pytest.mark.parametrize("checkpointing", [True, False])
+def test_what_a_module_logs_in_its_own_epoch_end_joins_its_rounds_row(tmp_path, checkpointing):
+    """Lightning calls the module's on_train_epoch_end after the callback's: its values still join that round's row."""
+    fed = Federation(rounds=4)
+    bare_trainer(tmp_path, fed, enable_checkpointing=checkpointing).fit(_model(_EpochEndLogs), datamodule=_dm())
+    rows = read_metrics(tmp_path)
+    assert [float(row["round_seen"]) for row in rows] == [1.0, 2.0, 3.0, 4.0]
+    assert [row["even_only"] for row in rows] == ["", "20.0", "", "40.0"]
+    assert [row.get("round_seen") for row in fed.history] == [1.0, 2.0, 3.0, 4.0]
+
+
+def test_a_resumed_run_keeps_what_the_module_logged_in_its_own_epoch_end(tmp_path):
+    bare_trainer(tmp_path, Federation(rounds=2), enable_checkpointing=True).fit(_model(_EpochEndLogs), datamodule=_dm())
+    trainer = bare_trainer(tmp_path, Federation(rounds=3), enable_checkpointing=True)
+    trainer.fit(_model(_EpochEndLogs), datamodule=_dm(), ckpt_path="last")
+    rows = read_metrics(tmp_path)
+    assert [row["round_seen"] for row in rows] == ["1.0", "2.0", "3.0"]
+    assert [row["even_only"] for row in rows] == ["", "20.0", ""]
+
+
 # ---- the same safety in Python as on the command line -------------------------------------------------------------
 
 
