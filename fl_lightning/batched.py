@@ -34,6 +34,7 @@ from fl_lightning.core.messages import first_line
 from fl_lightning.core.stacked_sgd import SGDSettings
 from fl_lightning.core.stacking import (
     ClientRNG,
+    HeldTensors,
     attribute_ids,
     attribute_structure,
     bound_attributes,
@@ -51,6 +52,23 @@ from fl_lightning.stacked import StackedClient, train_stacked
 
 class NotBatchable(RuntimeError):
     """Raised inside the batched engine when a method turns out not to be batchable; it then trains sequentially."""
+
+
+class StateChangedInStep(RuntimeError):
+    """The stacked step changed tensors the module holds: put back (it trains sequentially), or changed in place."""
+
+    def __init__(self, module: nn.Module, restored: Sequence[str], in_place: Sequence[str]) -> None:
+        self.restorable = not in_place
+        names = ", ".join([*in_place, *restored])
+        why = (
+            f"{type(module).__name__}.client_loss changes {names} of the module, which the batched engine cannot "
+            "stack: it runs every client's loss at once under vmap (a torchmetrics metric updated there, say); "
+        )
+        super().__init__(
+            why + "restored as before the step"
+            if self.restorable
+            else why + "changed in place, which cannot be undone: train with --federation.engine sequential"
+        )
 
 
 def client_attributes(module: FederatedHooks) -> dict[str, Any]:
@@ -122,6 +140,10 @@ class BatchedClients(ClientExecutor):
             try:
                 return self._train_stacks(trainer, positions, module, group)
             except NotBatchable as err:
+                reason = str(err)
+            except StateChangedInStep as err:
+                if rnd.done != done or not err.restorable:  # nothing to redo, or a module beyond repair
+                    raise
                 reason = str(err)
             except torch.OutOfMemoryError as err:  # not the method's fault: fewer clients at once would fit
                 raise torch.OutOfMemoryError(
@@ -216,17 +238,29 @@ class BatchedClients(ClientExecutor):
         template = module.state_dict()
         losses = []
         for stack in stacks.values():
-            with PeakMemory(module.device) as peak:
-                result = train_stacked(
-                    module,
-                    [members[i] for i in stack],
-                    sgd,
-                    module._clip_grad_norm,
-                    on_step=functools.partial(_count_steps, opt),
-                    augment=transform if random_batches else None,
-                    capture=self.capture,
-                    conv=self.conv,
-                )
+            held = HeldTensors(module)
+            try:
+                with PeakMemory(module.device) as peak:
+                    result = train_stacked(
+                        module,
+                        [members[i] for i in stack],
+                        sgd,
+                        module._clip_grad_norm,
+                        on_step=functools.partial(_count_steps, opt),
+                        augment=transform if random_batches else None,
+                        capture=self.capture,
+                        conv=self.conv,
+                    )
+            except torch.OutOfMemoryError:
+                raise
+            except Exception as err:
+                altered = held.restore()
+                if any(altered):  # the likelier cause of the failure, and what a fallback must not inherit
+                    raise StateChangedInStep(module, *altered) from err
+                raise
+            altered = held.restore()
+            if any(altered):
+                raise StateChangedInStep(module, *altered)
             self.memory.record(len(stack), peak.bytes)
             # The local weights go into the module only for a method that reads them at its client's end.
             load = overrides(module, "on_client_end", FederatedHooks) or self.evaluate_local is not None

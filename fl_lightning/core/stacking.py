@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch._C import _functorch
 
 # ---- stacked tensors -------------------------------------------------------------------------------------------------
 
@@ -162,6 +163,63 @@ def tensor_versions(module: nn.Module) -> list[tuple[str, int, int]]:
 def attribute_ids(module: nn.Module) -> dict[str, int]:
     """The identities of the module's plain attributes (not parameters, buffers or submodules)."""
     return {k: id(v) for k, v in module.__dict__.items() if not k.startswith("_trainer") and k != "_hparams"}
+
+
+class HeldTensors:
+    """The tensors a module and its submodules hold as plain attributes, to tell and undo what ``vmap`` did to them.
+
+    Alone, or in a list or tuple (maybe empty); neither parameters nor buffers: a torchmetrics metric's states, say.
+    Code under ``vmap`` that stores a tensor it computed there (``self.total = self.total + x``, a metric's update)
+    leaves a batched tensor that nothing outside can use; one that stores a value of no batched input counts once for
+    all the clients it stacks.
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+        self.before = {key: (_shallow_copy(value), _signature(value)) for key, value in _held(module).items()}
+
+    def restore(self) -> tuple[list[str], list[str]]:
+        """Put back what was replaced, extended or removed since: its names, and those changed in place (kept)."""
+        modules = dict(self.module.named_modules())
+        now = _held(self.module)
+        restored, in_place = [], []
+        for key in [*self.before, *(key for key in now if key not in self.before)]:
+            prefix, name = key
+            label = f"{prefix}.{name}" if prefix else name
+            old = self.before.get(key)
+            value = now.get(key)
+            if old is not None and value is not None and _signature(value) == old[1]:
+                continue
+            if old is not None and value is not None and isinstance(value, Tensor) and id(value) == old[1][0]:
+                in_place.append(label)  # the same tensor, its version counter moved
+                continue
+            restored.append(label)
+            if old is None:
+                delattr(modules[prefix], name)
+            else:
+                setattr(modules[prefix], name, old[0])
+        return restored, in_place
+
+
+def _held(module: nn.Module) -> dict[tuple[str, str], Any]:
+    held: dict[tuple[str, str], Any] = {}
+    for prefix, sub in module.named_modules():
+        for name, value in vars(sub).items():
+            listed = isinstance(value, (list, tuple)) and all(isinstance(v, Tensor) for v in value)
+            if isinstance(value, Tensor) or listed:
+                held[(prefix, name)] = value  # an empty list too: a metric's list state grows from one
+    return held
+
+
+def _signature(value: Any) -> tuple[Any, ...]:
+    """What changes when code replaces, extends or changes in place a held tensor (or list of tensors)."""
+    if isinstance(value, Tensor):
+        return (id(value), value._version, _functorch.is_functorch_wrapped_tensor(value))
+    return (id(value), tuple(_signature(v) for v in value))
+
+
+def _shallow_copy(value: Any) -> Any:
+    return list(value) if isinstance(value, list) else value
 
 
 class ClientRNG:
