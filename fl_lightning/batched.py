@@ -34,7 +34,7 @@ from fl_lightning.core.messages import first_line
 from fl_lightning.core.stacked_sgd import SGDSettings
 from fl_lightning.core.stacking import (
     ClientRNG,
-    HeldTensors,
+    HeldMetrics,
     attribute_ids,
     attribute_structure,
     bound_attributes,
@@ -55,14 +55,13 @@ class NotBatchable(RuntimeError):
 
 
 class StateChangedInStep(RuntimeError):
-    """The stacked step changed tensors the module holds: put back (it trains sequentially), or changed in place."""
+    """The stacked step updated a torchmetrics metric: put back (it trains sequentially), or changed in place."""
 
     def __init__(self, module: nn.Module, restored: Sequence[str], in_place: Sequence[str]) -> None:
         self.restorable = not in_place
-        names = ", ".join([*in_place, *restored])
         why = (
-            f"{type(module).__name__}.client_loss changes {names} of the module, which the batched engine cannot "
-            "stack: it runs every client's loss at once under vmap (a torchmetrics metric updated there, say); "
+            f"{type(module).__name__}.client_loss updates torchmetrics states ({', '.join([*in_place, *restored])}), "
+            "which the batched engine cannot stack: it runs every client's loss at once under vmap; "
         )
         super().__init__(
             why + "restored as before the step"
@@ -238,7 +237,7 @@ class BatchedClients(ClientExecutor):
         template = module.state_dict()
         losses = []
         for stack in stacks.values():
-            held = HeldTensors(module)
+            held = HeldMetrics(module)
             try:
                 with PeakMemory(module.device) as peak:
                     result = train_stacked(

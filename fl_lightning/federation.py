@@ -293,7 +293,8 @@ class Federation(Callback, FederatedServer):
     @override
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Plan the round, set its learning rate, run the method's server start and snapshot the global weights."""
-        assert self.dm is not None and self.executor is not None
+        assert self.dm is not None and self.executor is not None and self.recorder is not None
+        self.recorder.close_round(trainer)  # before anything of this round is logged (its server start, say)
         plan = self.plan(trainer.current_epoch)
         slots, local = process_share(plan, *rank_and_world())
         lr = rules.set_round_lr(trainer, plan.lr_scale)
@@ -319,7 +320,6 @@ class Federation(Callback, FederatedServer):
             received_class_acc=self.evaluate(pl_module, trainer).class_acc if self.eval_local else np.zeros(0),
         )
         self._server = server
-        assert self.recorder is not None
         self.recorder.begin_round(trainer)
         self.executor.start_round(self._round, payload)
         pl_module.train()

@@ -138,9 +138,13 @@ class RunRecorder:
                 remove_temporaries(folder)  # what a killed earlier attempt left
             self._write_summary()
 
+    def close_round(self, trainer: L.Trainer) -> None:
+        """The next round is about to start: the last row takes what was logged since (:meth:`add_late_metrics`)."""
+        self.add_late_metrics(trainer)
+        self._row_open = False
+
     def begin_round(self, trainer: L.Trainer) -> None:
         """A round starts: what Lightning's callback metrics hold now was logged before it (:meth:`record_round`)."""
-        self.add_late_metrics(trainer)
         self._row_open = False
         self._metrics_before = dict(trainer.callback_metrics)
 
@@ -184,9 +188,10 @@ class RunRecorder:
 
         Lightning calls a module's own ``on_train_epoch_end`` after the callbacks' (but for checkpoints and early
         stopping), so what it logs there arrives after the round was recorded. The callback calls this at the next
-        point it runs after that hook: a checkpoint's state, the next round's start, the end of training.
+        point it runs after that hook: the round's checkpoint, the next round's start (:meth:`close_round`), the end of
+        training. A run that diverged in that round is no exception: its files are written again.
         """
-        if not self._row_open or self.status != "running" or not self.history:
+        if not self._row_open or self.status not in ("running", "diverged") or not self.history:
             return
         if self._add_module_metrics(trainer, self.history[-1]) and trainer.is_global_zero:
             with self._writing():

@@ -511,28 +511,15 @@ class DropsAttributes(FedAvg):
         return [{} for _ in attributes]
 
 
-class CountsSamples(FedAvg):
-    """Counts the samples its loss sees in a tensor it keeps: state that one ``vmap`` over the clients cannot hold."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.seen = torch.zeros((), dtype=torch.long)
-
-    def client_loss(self, x: Tensor, y: Tensor) -> Tensor:
-        self.seen = self.seen + y.numel()
-        return super().client_loss(x, y)
-
-
 @pytest.mark.parametrize(
     ("method", "why"),
     [
-        (CountsSamples, "CountsSamples.client_loss changes seen of the module"),
         (UndeclaredAttribute, "sets foo without declaring it in client_attributes"),
         (ChangesWeights, "changes the module's weights or buffers"),
         (ItemInLoss, "the stacked step failed"),
         (DropsAttributes, "align_client_attributes must return one dict per client"),
     ],
-    ids=["counts-samples", "undeclared-attribute", "changes-weights", "item-in-loss", "drops-attributes"],
+    ids=["undeclared-attribute", "changes-weights", "item-in-loss", "drops-attributes"],
 )
 def test_found_unbatchable_in_the_round_say_why_and_train_sequentially(
     tmp_path: Path, method: type[FedAvg], why: str
@@ -548,20 +535,25 @@ def test_found_unbatchable_in_the_round_say_why_and_train_sequentially(
 
 
 class TracksAccuracy(FedAvg):
-    """The usual torchmetrics pattern: a metric updated in the loss, logged and reset in ``on_train_epoch_end``."""
+    """The usual torchmetrics pattern: metrics updated in the loss, logged and reset in ``on_train_epoch_end``."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.train_acc = torchmetrics.classification.MulticlassAccuracy(num_classes=10)
+        self.mean_loss = torchmetrics.MeanMetric()  # through forward: its update count moves with the failed step
 
     def client_loss(self, x: Tensor, y: Tensor) -> Tensor:
         logits = self(x)
+        loss = F.cross_entropy(logits, y)
         self.train_acc.update(logits.detach(), y)
-        return F.cross_entropy(logits, y)
+        self.mean_loss(loss.detach())
+        return loss
 
     def on_train_epoch_end(self) -> None:
         self.log("train_acc", self.train_acc.compute())
+        self.log("mean_loss", self.mean_loss.compute())
         self.train_acc.reset()
+        self.mean_loss.reset()
 
 
 @pytest.mark.parametrize("capture", ["off", "static"])
@@ -570,23 +562,28 @@ def test_a_metric_updated_in_the_loss_falls_back_with_its_state_restored(tmp_pat
     with pytest.warns(UserWarning, match="training sequentially") as record:
         batched = run(tmp_path, "batched", TracksAccuracy, rounds=2, fed_kwargs={"step_capture": capture})
     messages = [str(w.message) for w in record if "training sequentially" in str(w.message)]
-    assert len(messages) == 1 and "changes train_acc.tp, train_acc.fp" in messages[0], messages
+    assert len(messages) == 1 and "updates torchmetrics states (train_acc.tp, train_acc.fp" in messages[0], messages
     sequential = run(tmp_path, "sequential", TracksAccuracy, rounds=2)
     assert_same_federation(batched, sequential, ran="sequential")
-    accs = [[row["train_acc"] for row in read_metrics(tmp_path / engine)] for engine in ("batched", "sequential")]
-    assert accs[0] == accs[1] and all(0.0 < float(a) <= 1.0 for a in accs[0])
+    for key in ("train_acc", "mean_loss"):
+        values = [[row[key] for row in read_metrics(tmp_path / engine)] for engine in ("batched", "sequential")]
+        assert values[0] == values[1] and all(float(v) > 0.0 for v in values[0]), key
 
 
-class CountsInPlace(CountsSamples):
-    """Counts in place: under ``vmap`` once per stacked step, not per client, which no fallback can undo."""
+class CountsInPlace(FedAvg):
+    """Counts its batches in a metric from a value of no batched input: once per stacked step under ``vmap``."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.batches = torchmetrics.SumMetric()
 
     def client_loss(self, x: Tensor, y: Tensor) -> Tensor:
-        self.seen += y.shape[0]
-        return FedAvg.client_loss(self, x, y)
+        self.batches.update(torch.ones(()))  # SumMetric adds in place, which no fallback can undo
+        return super().client_loss(x, y)
 
 
-def test_a_tensor_changed_in_place_inside_the_stacked_step_fails_the_fit_naming_it(tmp_path: Path) -> None:
-    with pytest.raises(batched_engine.StateChangedInStep, match="changes seen of the module.*cannot be undone"):
+def test_a_metric_changed_in_place_inside_the_stacked_step_fails_the_fit_naming_it(tmp_path: Path) -> None:
+    with pytest.raises(batched_engine.StateChangedInStep, match=r"states \(batches.sum_value\).*cannot be undone"):
         run(tmp_path, "batched", CountsInPlace)
     assert read_summary(tmp_path / "batched")["status"] == "failed"
 

@@ -310,7 +310,13 @@ def test_lightnings_logged_keys_use_the_round_as_step(tmp_path):
 
 
 class _EpochEndLogs(FedAvg):
-    """Logs in its own ``on_train_epoch_end``: ``round_seen`` every round, ``even_only`` every second round."""
+    """Logs in its own ``on_train_epoch_end``: ``round_seen`` every round, ``even_only`` every second round; and
+    ``third_start`` as the third round starts (its server start)."""
+
+    def on_round_start(self, server):
+        if self.current_epoch == 2:
+            self.log("third_start", 3.0)
+        return super().on_round_start(server)
 
     def on_train_epoch_end(self):
         self.log("round_seen", float(self.current_epoch + 1))
@@ -326,7 +332,18 @@ def test_what_a_module_logs_in_its_own_epoch_end_joins_its_rounds_row(tmp_path, 
     rows = read_metrics(tmp_path)
     assert [float(row["round_seen"]) for row in rows] == [1.0, 2.0, 3.0, 4.0]
     assert [row["even_only"] for row in rows] == ["", "20.0", "", "40.0"]
+    assert [row["third_start"] for row in rows] == ["", "", "3.0", ""]  # the next round's, not the last row's
     assert [row.get("round_seen") for row in fed.history] == [1.0, 2.0, 3.0, 4.0]
+
+
+def test_a_run_that_diverges_keeps_what_the_module_logged_in_its_last_rounds_epoch_end(tmp_path, monkeypatch):
+    from fl_lightning.recorder import RunRecorder
+
+    monkeypatch.setattr(RunRecorder, "divergence", lambda self, *_: (2, "told to") if len(self.history) == 2 else None)
+    fed = Federation(rounds=4)
+    bare_trainer(tmp_path, fed, enable_checkpointing=True).fit(_model(_EpochEndLogs), datamodule=_dm())
+    assert fed.status == "diverged"
+    assert [row["round_seen"] for row in read_metrics(tmp_path)] == ["1.0", "2.0"]
 
 
 def test_a_resumed_run_keeps_what_the_module_logged_in_its_own_epoch_end(tmp_path):

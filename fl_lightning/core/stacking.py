@@ -11,9 +11,10 @@ client's random stream while the others draw theirs.
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -165,61 +166,73 @@ def attribute_ids(module: nn.Module) -> dict[str, int]:
     return {k: id(v) for k, v in module.__dict__.items() if not k.startswith("_trainer") and k != "_hparams"}
 
 
-class HeldTensors:
-    """The tensors a module and its submodules hold as plain attributes, to tell and undo what ``vmap`` did to them.
+#: A torchmetrics metric's bookkeeping beside its states, which its ``update`` moves too.
+_METRIC_BOOKKEEPING = ("_update_count", "_computed", "_forward_cache")
 
-    Alone, or in a list or tuple (maybe empty); neither parameters nor buffers: a torchmetrics metric's states, say.
-    Code under ``vmap`` that stores a tensor it computed there (``self.total = self.total + x``, a metric's update)
-    leaves a batched tensor that nothing outside can use; one that stores a value of no batched input counts once for
-    all the clients it stacks.
+
+class HeldMetrics:
+    """The torchmetrics metrics in a module, their states kept to tell and undo what the stacked step did to them.
+
+    A metric updated under ``vmap`` (in ``client_loss``) stores batched tensors that nothing outside can use, or, from
+    a value of no batched input, counts once for all the clients it stacks. Found by class, only once torchmetrics is
+    imported (a module without metrics costs nothing).
     """
 
     def __init__(self, module: nn.Module) -> None:
-        self.module = module
-        self.before = {key: (_shallow_copy(value), _signature(value)) for key, value in _held(module).items()}
+        torchmetrics = sys.modules.get("torchmetrics")
+        self.metrics: list[tuple[str, nn.Module]] = (
+            [(name, sub) for name, sub in module.named_modules() if isinstance(sub, torchmetrics.Metric)]
+            if torchmetrics is not None
+            else []
+        )
+        self.before = [(_states(metric), _bookkeeping(metric)) for _, metric in self.metrics]
 
     def restore(self) -> tuple[list[str], list[str]]:
-        """Put back what was replaced, extended or removed since: its names, and those changed in place (kept)."""
-        modules = dict(self.module.named_modules())
-        now = _held(self.module)
-        restored, in_place = [], []
-        for key in [*self.before, *(key for key in now if key not in self.before)]:
-            prefix, name = key
-            label = f"{prefix}.{name}" if prefix else name
-            old = self.before.get(key)
-            value = now.get(key)
-            if old is not None and value is not None and _signature(value) == old[1]:
-                continue
-            if old is not None and value is not None and isinstance(value, Tensor) and id(value) == old[1][0]:
-                in_place.append(label)  # the same tensor, its version counter moved
-                continue
-            restored.append(label)
-            if old is None:
-                delattr(modules[prefix], name)
-            else:
-                setattr(modules[prefix], name, old[0])
+        """Put back the states the step replaced or extended: their names, and those changed in place (kept)."""
+        restored: list[str] = []
+        in_place: list[str] = []
+        for (prefix, metric), (states, bookkeeping) in zip(self.metrics, self.before, strict=True):
+            label = f"{prefix}." if prefix else ""
+            for name, (value, signature) in states.items():
+                now = getattr(metric, name)
+                if _signature(now) == signature:
+                    continue
+                if _changed_in_place(now, signature):
+                    in_place.append(label + name)
+                    continue
+                restored.append(label + name)
+                setattr(metric, name, list(value) if isinstance(value, list) else value)
+            for name, value in bookkeeping.items():
+                setattr(metric, name, value)
         return restored, in_place
 
 
-def _held(module: nn.Module) -> dict[tuple[str, str], Any]:
-    held: dict[tuple[str, str], Any] = {}
-    for prefix, sub in module.named_modules():
-        for name, value in vars(sub).items():
-            listed = isinstance(value, (list, tuple)) and all(isinstance(v, Tensor) for v in value)
-            if isinstance(value, Tensor) or listed:
-                held[(prefix, name)] = value  # an empty list too: a metric's list state grows from one
-    return held
+def _states(metric: nn.Module) -> dict[str, tuple[Any, tuple[Any, ...]]]:
+    states = cast(Mapping[str, Any], getattr(metric, "metric_state", {}))
+    return {name: (list(v) if isinstance(v, list) else v, _signature(v)) for name, v in states.items()}
+
+
+def _bookkeeping(metric: nn.Module) -> dict[str, Any]:
+    return {name: getattr(metric, name) for name in _METRIC_BOOKKEEPING if hasattr(metric, name)}
 
 
 def _signature(value: Any) -> tuple[Any, ...]:
-    """What changes when code replaces, extends or changes in place a held tensor (or list of tensors)."""
+    """What changes when code replaces, extends or changes in place a state (a tensor or a list of tensors)."""
     if isinstance(value, Tensor):
         return (id(value), value._version, _functorch.is_functorch_wrapped_tensor(value))
-    return (id(value), tuple(_signature(v) for v in value))
+    if isinstance(value, (list, tuple)):
+        return (id(value), tuple(_signature(v) for v in value))
+    return (id(value),)
 
 
-def _shallow_copy(value: Any) -> Any:
-    return list(value) if isinstance(value, list) else value
+def _changed_in_place(value: Any, signature: tuple[Any, ...]) -> bool:
+    """Whether ``value`` is the tensor ``signature`` was taken of (or holds one), its version counter moved since."""
+    if isinstance(value, Tensor):
+        return id(value) == signature[0] and value._version != signature[1]
+    if isinstance(value, (list, tuple)) and len(signature) == 2:
+        old = {s[0]: s for s in signature[1] if len(s) == 3}
+        return any(isinstance(v, Tensor) and id(v) in old and v._version != old[id(v)][1] for v in value)
+    return False
 
 
 class ClientRNG:
