@@ -28,4 +28,5 @@ esac
 # The import contracts and the types ([tool.importlinter], [tool.mypy] in pyproject.toml).
 "$VENV/bin/lint-imports"
 "$VENV/bin/mypy"
-"$VENV/bin/python" -m pytest -q -n "${PYTEST_WORKERS:-auto}" "${SELECT[@]}" "$@"
+# worksteal: idle workers take queued tests from busy ones, so a long test near the end does not leave a core idle.
+"$VENV/bin/python" -m pytest -q -n "${PYTEST_WORKERS:-auto}" --dist worksteal "${SELECT[@]}" "$@"
