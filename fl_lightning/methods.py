@@ -458,10 +458,10 @@ def _param_views(vector: Tensor, module: nn.Module) -> list[Tensor]:
 
 
 def _trainable_part(vector: Tensor, module: nn.Module) -> Tensor:
-    """``vector`` over ``module``'s trainable parameters, also when a checkpoint's covered frozen ones as well.
+    """``vector`` over ``module``'s trainable parameters, also when it comes from a checkpoint that held frozen ones.
 
-    Such a checkpoint's vector covers every parameter in ``named_parameters()`` order; its frozen entries, never
-    trained, are dropped.
+    Such a vector (written before frozen parameters were left out) covers every parameter in ``named_parameters()``
+    order; its frozen entries, never trained, are dropped.
     """
     kept = {name for name, _ in trainable(module)}
     named = list(module.named_parameters())
