@@ -145,7 +145,6 @@ class RunRecorder:
 
     def begin_round(self, trainer: L.Trainer) -> None:
         """A round starts: what Lightning's callback metrics hold now was logged before it (:meth:`record_round`)."""
-        self._row_open = False
         self._metrics_before = dict(trainer.callback_metrics)
 
     def record_round(self, trainer: L.Trainer, measured: Mapping[str, Any], class_acc: np.ndarray) -> dict[str, float]:

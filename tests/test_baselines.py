@@ -633,25 +633,14 @@ def test_a_feddyn_checkpoint_whose_h_covers_frozen_parameters_resumes(tmp_path: 
     with pytest.MonkeyPatch.context() as patch:  # the old FedDyn: h over every parameter, frozen ones too
         patch.setattr(methods_module, "trainable", lambda module: list(module.named_parameters()))
         fit(tmp_path / "old", 1, None)
-    old = torch.load(tmp_path / "old/checkpoints/last.ckpt", weights_only=False)["callbacks"]
-    assert any(
-        value.numel() == sum(p.numel() for p in build_model("lenet", 1, 8, 10).parameters()) for value in _tensors(old)
-    ), "the simulated old checkpoint holds no h over every parameter"
+    callbacks = torch.load(tmp_path / "old/checkpoints/last.ckpt", weights_only=False)["callbacks"]
+    (old,) = [state for key, state in callbacks.items() if key.startswith("Federation")]
+    every = sum(p.numel() for p in build_model("lenet", 1, 8, 10).parameters())
+    assert old["server_state"]["h"].numel() == every, "the simulated old checkpoint's h is not over every parameter"
     resumed = fit(tmp_path / "old", 2, "last", engine)
     fresh = fit(tmp_path / "new", 2, None)
     for key, value in fresh.items():
         torch.testing.assert_close(resumed[key], value, atol=1e-6, rtol=1e-6)
-
-
-def _tensors(state: object) -> list[torch.Tensor]:
-    """Every tensor inside nested dicts and lists."""
-    if isinstance(state, torch.Tensor):
-        return [state]
-    if isinstance(state, dict):
-        return [t for value in state.values() for t in _tensors(value)]
-    if isinstance(state, list | tuple):
-        return [t for value in state for t in _tensors(value)]
-    return []
 
 
 def test_a_parameter_state_that_fits_no_network_is_refused_by_size() -> None:
