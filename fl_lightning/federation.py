@@ -213,7 +213,7 @@ class Federation(Callback, FederatedServer):
         if trainer.is_global_zero:  # one fit at a time in a run directory
             self._claim.acquire(trainer.default_root_dir)
         self.client_batches = isinstance(pl_module, FedAvg)
-        self.dm = dm = _checked_data(trainer, pl_module)
+        self.dm = dm = _checked_data(trainer, pl_module, self.rounds)
         run_dir = Path(trainer.default_root_dir)
         # A new fit starts afresh (a checkpoint restores the state). Spilled client states are a process's own cache:
         # rank 0 keeps its in the run directory, any other process in a temporary folder of its own.
@@ -524,11 +524,11 @@ def _agreed_group(group: int | None) -> int | None:
     return min(all_gather_object(group))
 
 
-def _checked_data(trainer: L.Trainer, pl_module: L.LightningModule) -> FederatedDataModule:
+def _checked_data(trainer: L.Trainer, pl_module: L.LightningModule, rounds: int) -> FederatedDataModule:
     """The fit's datamodule, set up, once the Trainer, the module and the data are checked to work together."""
     dm = rules.check_datamodule(trainer.datamodule)  # type: ignore[attr-defined]  # assigned by Lightning
     hooks = pl_module if isinstance(pl_module, FederatedHooks) else None
-    rules.check_trainer(trainer, hooks.method_name if hooks is not None and hooks.needs_exact_steps else None)
+    rules.check_trainer(trainer, hooks.method_name if hooks is not None and hooks.needs_exact_steps else None, rounds)
     quiet_lightning()
     # Metrics a method logs reach the loggers through the recorder, on the round axis, not every n local steps.
     trainer.log_every_n_steps = 2**31  # type: ignore[attr-defined]  # assigned by Lightning, undeclared

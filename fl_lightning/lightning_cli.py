@@ -58,6 +58,7 @@ from fl_lightning.core.step_capture import resolve_capture
 from fl_lightning.core.versions import claim_new_version, matching_version
 from fl_lightning.data import FederatedDataModule
 from fl_lightning.federation import Federation
+from fl_lightning.module import FedAvg
 from fl_lightning.progress import RoundProgressBar, quiet_lightning
 
 quiet_lightning()
@@ -183,6 +184,7 @@ class FLCLI(LightningCLI):
             key: trainer.get(key) for key in ("check_val_every_n_epoch", "gradient_clip_val", "min_epochs", "max_time")
         }
         rules.check_trainer_values(values, federation.get("rounds") if federation is not None else None)
+        rules.check_clipping(trainer.get("gradient_clip_val"), _method_of(config.get("model")))
         if federation is not None and federation.get("step_capture") is not None:  # graph needs CUDA: say so now
             device = "cuda" if rules.uses_cuda(trainer.get("accelerator")) else "cpu"
             resolve_capture(federation["step_capture"], torch.device(device))
@@ -420,7 +422,7 @@ def _logger_defaults(config: Namespace) -> None:
                 args["version"] = ""  # one event folder per run directory, continued on resume
     elif name == "WandbLogger":
         data, model = config.get("data", {}), config.get("model", {})
-        method = str(model.get("class_path", "FedAvg")).rsplit(".", 1)[-1] if isinstance(model, Namespace) else "?"
+        method = _method_label(str(model.get("class_path", "FedAvg"))) if isinstance(model, Namespace) else "?"
         dataset, partition = _config_label(data.get("dataset")), _config_label(data.get("partition"))
         name = Path(run_dir).name
         if name.startswith(VERSION_PREFIX):
@@ -436,6 +438,28 @@ def _logger_defaults(config: Namespace) -> None:
                 args[key] = value
         if args.get("save_dir") in (None, "."):
             args["save_dir"] = run_dir
+
+
+def _method_of(model: Any) -> str | None:
+    """The method name of a parsed ``model`` that is an fl_lightning method (``FedAvg`` or a subclass), else None."""
+    if not isinstance(model, Namespace):
+        return None
+    module, _, name = str(model.get("class_path", "")).rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name) if module else None
+    except (ImportError, AttributeError):
+        return None
+    return cls.method_name if isinstance(cls, type) and issubclass(cls, FedAvg) else None
+
+
+def _method_label(class_path: str) -> str:
+    """A model's class path as results name its method (``fl_lightning.FedNTD``: ``fedntd``, as ``summary.json``)."""
+    module, _, name = class_path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name) if module else None
+    except (ImportError, AttributeError):
+        cls = None
+    return str(getattr(cls, "method_name", None) or name.lower())
 
 
 def _config_label(value: Any) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, Timer
 from lightning.pytorch.callbacks.progress.rich_progress import RichProgressBar
 from lightning.pytorch.core.mixins import HyperparametersMixin
 
@@ -31,6 +31,14 @@ def checkpoints_within_epochs(callback: ModelCheckpoint) -> bool:
     Lightning keeps both only as private attributes (``_every_n_train_steps``, ``_train_time_interval``).
     """
     return bool(callback._every_n_train_steps) or callback._train_time_interval is not None
+
+
+def max_time_seconds(trainer: L.Trainer) -> float | None:
+    """The ``max_time`` a Trainer was built with, in seconds (its ``Timer``'s duration; ``Timer._duration``)."""
+    for callback in trainer.callbacks:  # type: ignore[attr-defined]  # assigned by Lightning, undeclared on Trainer
+        if isinstance(callback, Timer) and callback._duration is not None:
+            return float(callback._duration)
+    return None
 
 
 def set_logged_step(trainer: L.Trainer, step: int) -> None:

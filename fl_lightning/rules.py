@@ -32,7 +32,7 @@ from lightning.pytorch.callbacks import (
 
 from fl_lightning.checkpoint import AtomicLastCheckpoint
 from fl_lightning.data import FederatedDataModule
-from fl_lightning.lightning_internals import checkpoints_within_epochs
+from fl_lightning.lightning_internals import checkpoints_within_epochs, max_time_seconds
 from fl_lightning.module import FedAvg
 
 #: Precisions that run on the CPU (Lightning would quietly turn 16-mixed into bf16-mixed there).
@@ -62,6 +62,12 @@ _ROUND_OPTIONS: dict[str, tuple[Any, str]] = {
     "accumulate_grad_batches": (
         lambda v: v is None or v == 1,
         "every local batch is one optimizer step (methods count and scale local steps); leave it at 1",
+    ),
+    # Below 1.0, or a number of batches, validation runs inside a round, on a client's local model.
+    "val_check_interval": (
+        lambda v: v is None or (isinstance(v, float) and v == 1.0),
+        "validation would run in the middle of a round, on a client's local model, not the global one; leave it "
+        "at 1.0 and validate every N rounds with check_val_every_n_epoch=N",
     ),
 }
 ROUND_OPTIONS: tuple[str, ...] = tuple(_ROUND_OPTIONS)
@@ -165,6 +171,24 @@ def check_trainer_values(options: Mapping[str, Any], rounds: int | None = None) 
         )
 
 
+def check_clipping(gradient_clip_val: float | None, method: str | None) -> None:
+    """Refuse Lightning's gradient clipping for a method, which steps its optimizer itself (manual optimization).
+
+    Args:
+        gradient_clip_val: the Trainer's ``gradient_clip_val``.
+        method: the method's name, or None for a module Lightning's clipping may serve.
+
+    Raises:
+        ValueError: naming ``--model.clip_grad_norm``, the method's own clipping.
+    """
+    if method is not None and gradient_clip_val:
+        raise ValueError(
+            f"trainer option gradient_clip_val={gradient_clip_val} is not supported by {method}, which steps its own "
+            f"optimizer; use --model.clip_grad_norm {gradient_clip_val} (each local step's gradient clipped to that "
+            "L2 norm)"
+        )
+
+
 def _seconds(duration: Any) -> float | None:
     """A ``max_time`` in seconds; None for a form Lightning will judge itself.
 
@@ -197,17 +221,31 @@ def trainer_round_options(trainer: L.Trainer) -> dict[str, Any]:
         "limit_train_batches": trainer.limit_train_batches,
         "max_steps": trainer.max_steps,
         "accumulate_grad_batches": trainer.accumulate_grad_batches,
+        "val_check_interval": trainer.val_check_interval,
     }
 
 
-def check_trainer(trainer: L.Trainer, exact_steps_method: str | None = None) -> None:
+def trainer_values(trainer: L.Trainer) -> dict[str, Any]:
+    """The settings :func:`check_trainer_values` checks, as a built Trainer holds them (``max_time``: its Timer's)."""
+    seconds = max_time_seconds(trainer)
+    return {
+        "check_val_every_n_epoch": trainer.check_val_every_n_epoch,
+        "gradient_clip_val": trainer.gradient_clip_val,
+        "min_epochs": trainer.fit_loop.min_epochs,
+        "max_time": None if seconds is None else {"seconds": seconds},
+    }
+
+
+def check_trainer(trainer: L.Trainer, exact_steps_method: str | None = None, rounds: int | None = None) -> None:
     """The fit-time rules on a built Trainer: no option that cuts rounds, a precision its device and method can use.
 
     Args:
         trainer: the Trainer, set up for fit (its strategy knows the device).
         exact_steps_method: see :func:`check_precision`.
+        rounds: the federation's rounds, which ``min_epochs`` may not exceed.
     """
     check_round_options(trainer_round_options(trainer))
+    check_trainer_values(trainer_values(trainer), rounds)
     check_precision(str(trainer.precision), trainer.strategy.root_device.type == "cpu", exact_steps_method)
     check_callbacks(trainer)
 
@@ -383,6 +421,7 @@ def check_pieces(
         raise ValueError(
             f"{name} needs {holdout_needed} server holdout samples per class; "
             f"set --data.holdout_per_class {holdout_needed} (it is {datamodule.holdout_per_class})"
+            + (" or lower --model.aux_per_class" if hasattr(module, "aux_per_class") else "")
         )
     if getattr(module, "num_classes", datamodule.num_classes) != datamodule.num_classes:
         raise ValueError(

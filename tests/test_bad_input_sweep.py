@@ -95,6 +95,13 @@ def test_negative_weight_decay():
         (["--trainer.check_val_every_n_epoch", "0"], "error: trainer option check_val_every_n_epoch=0 must be"),
         # Before: accepted (a negative clipping value means nothing)
         (["--trainer.gradient_clip_val", "-1"], "error: trainer option gradient_clip_val=-1 must be >= 0"),
+        # Before: Lightning's "Automatic gradient clipping is not supported for manual optimization", once started
+        (
+            ["--trainer.gradient_clip_val", "1.0"],
+            "error: trainer option gradient_clip_val=1.0 is not supported by fedavg",
+        ),
+        # Before: validation ran after each client of a round, on its local model
+        (["--trainer.val_check_interval", "0.5"], "error: trainer option val_check_interval=0.5 is not supported:"),
         # Before: exit 1 with no line, and a run directory holding only config.yaml
         (["--trainer.max_time", "00:00:00:00"], "error: trainer option max_time='00:00:00:00' stops the fit before"),
         # Before: accepted, and the fit ended after its rounds anyway

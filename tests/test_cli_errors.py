@@ -186,7 +186,7 @@ def test_wandb_defaults_from_the_config(tmp_path):
     )
     args = config["trainer"]["logger"]["init_args"]
     assert args["project"] == "fl_lightning" and args["name"] == "my_run" and args["save_dir"] == str(run_dir)
-    assert args["group"] == "digits_dirichlet" and args["tags"] == ["FedAvg", "digits", "dirichlet", "seed3"]
+    assert args["group"] == "digits_dirichlet" and args["tags"] == ["fedavg", "digits", "dirichlet", "seed3"]
 
 
 def test_tensorboard_logger_as_the_readme_writes_it(tmp_path):

@@ -268,11 +268,11 @@ def test_wandb_group_and_tags_for_a_data_source(tmp_path, own_package, monkeypat
     data = tmp_path / "data.yaml"
     data.write_text(yaml.safe_dump({"data": {"dataset": {"class_path": f"{PACKAGE}.Wine", "init_args": {}}}}))
     args = _wandb_args(tmp_path, "--config", str(data), "--model", f"{PACKAGE}.Plain", "--seed_everything", "2")
-    assert args["group"] == "wine_dirichlet" and args["tags"] == ["Plain", "wine", "dirichlet", "seed2"]
+    assert args["group"] == "wine_dirichlet" and args["tags"] == ["plain", "wine", "dirichlet", "seed2"]
     # On the command line, with a partition object: its label.
     partition = '{"class_path": "fl_lightning.core.partitions.Dirichlet", "init_args": {"alpha": 0.1}}'
     args = _wandb_args(tmp_path, "--data.dataset", f"{PACKAGE}.Wine", "--data.partition", partition)
-    assert args["group"] == "wine_dirichlet(0.1)" and args["tags"] == ["FedAvg", "wine", "dirichlet(0.1)", "seed0"]
+    assert args["group"] == "wine_dirichlet(0.1)" and args["tags"] == ["fedavg", "wine", "dirichlet(0.1)", "seed0"]
     # A source without a name goes by its class name, cut to W&B's 64 characters.
     args = _wandb_args(
         tmp_path,

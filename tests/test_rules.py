@@ -115,6 +115,33 @@ def test_options_that_cut_rounds_are_refused(key, value):
     assert str(err.value) == message
 
 
+@pytest.mark.parametrize("value", [0.5, 1, 20])
+def test_validating_inside_a_round_is_refused(tmp_path, value):
+    # Below 1.0, or a number of batches: the validation would see a client's local model.
+    with pytest.raises(
+        ValueError, match=rf"^trainer option val_check_interval={value!r} is not supported: validation "
+    ):
+        rules.check_round_options({"val_check_interval": value})
+    with pytest.raises(ValueError, match=rf"^trainer option val_check_interval={value!r} is not supported"):
+        every = None if isinstance(value, int) else 1  # Lightning's own rule: a number of batches across rounds
+        rules.check_trainer(bare(tmp_path, val_check_interval=value, check_val_every_n_epoch=every))
+    rules.check_round_options({"val_check_interval": 1.0})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_time": {"seconds": 0}}, "max_time={'seconds': 0.0} stops the fit before its first round"),
+        ({"min_epochs": 5}, "min_epochs=5 exceeds rounds=2"),
+    ],
+)
+def test_a_built_trainer_gets_the_command_lines_value_checks(tmp_path, kwargs, message):
+    # The Python API reaches them through Federation's setup, as the command line does before it builds the Trainer.
+    with pytest.raises(ValueError, match=f"^trainer option {message}"):
+        rules.check_trainer(bare(tmp_path, **kwargs), rounds=2)
+    rules.check_trainer(bare(tmp_path, max_time={"minutes": 1}, min_epochs=2), rounds=2)
+
+
 def test_accumulating_batches_is_refused():
     with pytest.raises(ValueError, match=r"^trainer option accumulate_grad_batches=2 is not supported: every local"):
         rules.check_round_options({"accumulate_grad_batches": 2})
@@ -285,3 +312,11 @@ def test_a_fit_on_a_busy_cpu_warns_once_with_the_line(two_cores, tmp_path, monke
     with pytest.warns(UserWarning, match="the CPU is busy") as caught:
         tiny_run(tmp_path, rounds=1)
     assert sum("the CPU is busy" in str(w.message) for w in caught) == 1
+
+
+def test_lightnings_clipping_is_refused_for_a_method_naming_its_own():
+    with pytest.raises(ValueError, match=r"not supported by fedntd, .*use --model.clip_grad_norm 2.0"):
+        rules.check_clipping(2.0, "fedntd")
+    rules.check_clipping(2.0, None)  # a plain LightningModule: Lightning's clipping serves it
+    rules.check_clipping(None, "fedntd")
+    rules.check_clipping(0.0, "fedntd")

@@ -15,7 +15,7 @@ import pytest
 from helpers import read_metrics, read_summary
 
 from fl_lightning.cli import cli_main, resolve_config, run
-from fl_lightning.core.rundir import RunDirError, check_run_dir, run_status, science_diff
+from fl_lightning.core.rundir import RunDirError, check_run_dir, checkpoint_diff, run_status, science_diff
 from fl_lightning.experiments.compare import Run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -185,6 +185,22 @@ class TestPureChecks:
         }
         assert science_diff(saved, new) == []
         assert science_diff(saved, new, allow_growth=False) == ["federation.rounds: 2 -> 5"]
+
+    def test_science_diff_reads_two_paths_of_one_class_as_one_model(self):
+        # `--model fedavg` resolves to fl_lightning.module.FedAvg, a shipped config says fl_lightning.FedAvg.
+        saved = {"model": {"class_path": "fl_lightning.FedAvg"}}
+        assert science_diff(saved, {"model": {"class_path": "fl_lightning.module.FedAvg"}}) == []
+        assert science_diff(saved, {"model": {"class_path": "fl_lightning.methods.FedNTD"}}) == [
+            "model.class_path: fl_lightning.FedAvg -> fl_lightning.methods.FedNTD"
+        ]
+        assert science_diff(saved, {"model": {"class_path": "nowhere.FedAvg"}}) == [
+            "model.class_path: fl_lightning.FedAvg -> nowhere.FedAvg"
+        ]
+        ckpt = {"hyper_parameters": {"_class_path": "fl_lightning.FedAvg"}}
+        assert checkpoint_diff(ckpt, {"model": {"class_path": "fl_lightning.module.FedAvg"}}) == []
+        assert checkpoint_diff(ckpt, {"model": {"class_path": "fl_lightning.FedNTD"}}) == [
+            "model.class_path: fl_lightning.FedAvg -> fl_lightning.FedNTD"
+        ]
 
     def test_live_running_run_is_refused(self, tmp_path):
         (tmp_path / "summary.json").write_text(json.dumps({"status": "running", "pid": os.getpid()}))

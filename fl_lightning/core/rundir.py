@@ -9,6 +9,7 @@ holds the claim until it ends, so that two fits never write into one directory.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import json
 import os
@@ -135,10 +136,31 @@ def science_diff(saved: Mapping[str, Any], new: Mapping[str, Any], allow_growth:
         old, cur = old_flat.get(key, "<unset>"), new_flat.get(key, "<unset>")
         if _same(old, cur) or (cur is None and key in _DATA_DERIVED) or {old, cur} == {None, "<unset>"}:
             continue
+        if key.endswith("class_path") and _same_class(old, cur):
+            continue
         if allow_growth and key in GROW_KEYS and isinstance(old, int) and isinstance(cur, int) and cur > old:
             continue
         out.append(f"{key}: {old} -> {cur}")
     return out
+
+
+def _same_class(old: Any, new: Any) -> bool:
+    """Whether two class paths name one class (``fl_lightning.FedAvg`` and ``fl_lightning.module.FedAvg``).
+
+    >>> _same_class("collections.OrderedDict", "collections.OrderedDict"), _same_class("a.B", "a.C")
+    (True, False)
+    """
+    if not (isinstance(old, str) and isinstance(new, str)) or old.rpartition(".")[2] != new.rpartition(".")[2]:
+        return False
+    try:
+        return _resolve(old) is _resolve(new)
+    except (ImportError, AttributeError, ValueError):
+        return False
+
+
+def _resolve(class_path: str) -> Any:
+    module, _, name = class_path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
 
 
 def _named_in_full(flat: dict[str, Any]) -> dict[str, Any]:
@@ -350,7 +372,8 @@ def checkpoint_diff(ckpt: Mapping[str, Any], new: Mapping[str, Any]) -> list[str
     model = new.get("model") or {}
     hparams = dict(ckpt.get("hyper_parameters") or {})
     class_path = hparams.pop("_class_path", None)
-    if class_path and isinstance(model, Mapping) and model.get("class_path") not in (None, class_path):
+    new_path = model.get("class_path") if isinstance(model, Mapping) else None
+    if class_path and new_path not in (None, class_path) and not _same_class(class_path, new_path):
         out.append(f"model.class_path: {class_path} -> {model.get('class_path')}")
     init_args = model.get("init_args") or {} if isinstance(model, Mapping) else {}
     for key, value in sorted(hparams.items()):
