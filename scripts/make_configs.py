@@ -355,7 +355,8 @@ def all_configs() -> dict[str, str]:
                 data,
                 fed,
                 f"FedNTD/FedLMD paper CIFAR-10 setting: {method}, 100 clients, shard(2), ratio 0.1, E=5, batch 50, "
-                "2-conv CNN, decay 0.99, 200 rounds, crop+flip augmentation.",
+                "2-conv CNN, decay 0.99, 200 rounds, crop+flip augmentation"
+                + (" and Cutout(16), as FedNTD's paper." if method == "fedntd" else "."),
             )
         )
     for method in ("fedavg", "fedka"):
