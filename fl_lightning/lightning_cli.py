@@ -442,24 +442,22 @@ def _logger_defaults(config: Namespace) -> None:
 
 def _method_of(model: Any) -> str | None:
     """The method name of a parsed ``model`` that is an fl_lightning method (``FedAvg`` or a subclass), else None."""
-    if not isinstance(model, Namespace):
-        return None
-    module, _, name = str(model.get("class_path", "")).rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module), name) if module else None
-    except (ImportError, AttributeError):
-        return None
+    cls = _model_class(str(model.get("class_path", ""))) if isinstance(model, Namespace) else None
     return cls.method_name if isinstance(cls, type) and issubclass(cls, FedAvg) else None
 
 
 def _method_label(class_path: str) -> str:
     """A model's class path as results name its method (``fl_lightning.FedNTD``: ``fedntd``, as ``summary.json``)."""
+    return str(getattr(_model_class(class_path), "method_name", None) or class_path.rpartition(".")[2].lower())
+
+
+def _model_class(class_path: str) -> Any:
+    """The class a config's ``class_path`` names, or None where it names none."""
     module, _, name = class_path.rpartition(".")
     try:
-        cls = getattr(importlib.import_module(module), name) if module else None
+        return getattr(importlib.import_module(module), name) if module else None
     except (ImportError, AttributeError):
-        cls = None
-    return str(getattr(cls, "method_name", None) or name.lower())
+        return None
 
 
 def _config_label(value: Any) -> str:
