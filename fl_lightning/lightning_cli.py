@@ -44,6 +44,7 @@ from fl_lightning.cli_args import (  # cli_args imports the methods: `--model Fe
 from fl_lightning.core import faults
 from fl_lightning.core.files import write_text_atomic
 from fl_lightning.core.partitions import Partitioner
+from fl_lightning.core.registry import import_path
 from fl_lightning.core.run_lock import claim_run_dir, release_run_dir
 from fl_lightning.core.rundir import (
     VERSION_PREFIX,
@@ -442,22 +443,13 @@ def _logger_defaults(config: Namespace) -> None:
 
 def _method_of(model: Any) -> str | None:
     """The method name of a parsed ``model`` that is an fl_lightning method (``FedAvg`` or a subclass), else None."""
-    cls = _model_class(str(model.get("class_path", ""))) if isinstance(model, Namespace) else None
+    cls = import_path(str(model.get("class_path", ""))) if isinstance(model, Namespace) else None
     return cls.method_name if isinstance(cls, type) and issubclass(cls, FedAvg) else None
 
 
 def _method_label(class_path: str) -> str:
     """A model's class path as results name its method (``fl_lightning.FedNTD``: ``fedntd``, as ``summary.json``)."""
-    return str(getattr(_model_class(class_path), "method_name", None) or class_path.rpartition(".")[2].lower())
-
-
-def _model_class(class_path: str) -> Any:
-    """The class a config's ``class_path`` names, or None where it names none."""
-    module, _, name = class_path.rpartition(".")
-    try:
-        return getattr(importlib.import_module(module), name) if module else None
-    except (ImportError, AttributeError):
-        return None
+    return str(getattr(import_path(class_path), "method_name", None) or class_path.rpartition(".")[2].lower())
 
 
 def _config_label(value: Any) -> str:

@@ -20,12 +20,13 @@ TypeError: SQUARES['cube'] must be callable, got 3
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from fl_lightning.core.messages import short
 
-__all__ = ["Registry", "named_subclass"]
+__all__ = ["Registry", "import_path", "named_subclass"]
 
 _Entry = TypeVar("_Entry")
 
@@ -99,4 +100,19 @@ class named_subclass:  # noqa: N801  (used as a function: ``named_subclass(FedAv
         recorded = getattr(entry, self.attribute, None) if self.attribute else None
         if recorded and recorded != name:
             return f"must be registered under its {self.attribute} {recorded!r} (or set {self.attribute} = {name!r})"
+        return None
+
+
+def import_path(path: str) -> Any | None:
+    """The object a dotted path names (a config's ``class_path``), or None where it names none that imports.
+
+    >>> import_path("collections.OrderedDict").__name__, import_path("nowhere.Thing"), import_path("FedAvg")
+    ('OrderedDict', None, None)
+    """
+    module, _, name = path.rpartition(".")
+    if not module:
+        return None
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
         return None

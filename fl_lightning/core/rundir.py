@@ -9,7 +9,6 @@ holds the claim until it ends, so that two fits never write into one directory.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import json
 import os
@@ -23,6 +22,7 @@ import yaml
 
 from fl_lightning.core.files import DamagedCheckpoint, verify_checkpoint
 from fl_lightning.core.messages import first_line
+from fl_lightning.core.registry import import_path
 
 # The errors of run directories are defined beside the lock; importing them from here keeps working.
 from fl_lightning.core.run_lock import LOCK_NAME, RunDirError, move_claimed
@@ -152,15 +152,8 @@ def _same_class(old: Any, new: Any) -> bool:
     """
     if not (isinstance(old, str) and isinstance(new, str)) or old.rpartition(".")[2] != new.rpartition(".")[2]:
         return False
-    try:
-        return _resolve(old) is _resolve(new)
-    except (ImportError, AttributeError, ValueError):
-        return False
-
-
-def _resolve(class_path: str) -> Any:
-    module, _, name = class_path.rpartition(".")
-    return getattr(importlib.import_module(module), name)
+    cls = import_path(old)
+    return cls is not None and cls is import_path(new)
 
 
 def _named_in_full(flat: dict[str, Any]) -> dict[str, Any]:
