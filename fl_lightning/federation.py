@@ -21,6 +21,7 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
@@ -41,6 +42,7 @@ from fl_lightning.core.messages import require
 from fl_lightning.core.models import trainable
 from fl_lightning.core.rounds import RoundPlan, RoundState, num_sampled, process_share
 from fl_lightning.core.run_lock import RunDirClaim
+from fl_lightning.core.rundir import check_resumed_run_dir, rounds_done
 from fl_lightning.core.server import FederatedServer, server_optimizer_of, upgrade_state
 from fl_lightning.core.server_optim import ServerOptimizer
 from fl_lightning.core.stacked_conv import STACKED_CONVS
@@ -48,10 +50,16 @@ from fl_lightning.core.step_capture import CAPTURE_MODES
 from fl_lightning.data import FederatedDataModule
 from fl_lightning.engines import ENGINES, choose_executor
 from fl_lightning.executor import ClientExecutor
-from fl_lightning.lightning_internals import set_logged_step
+from fl_lightning.lightning_internals import (
+    can_stop_early,
+    keep_scheduler_monitors,
+    restore_scheduler_monitors,
+    set_logged_step,
+)
 from fl_lightning.module import FedAvg, FederatedHooks, round_payload
 from fl_lightning.progress import quiet_lightning, use_round_bars
 from fl_lightning.recorder import RunRecorder, run_info
+from fl_lightning.whole_rounds import place_whole_rounds
 
 
 class Federation(Callback, FederatedServer):
@@ -173,6 +181,7 @@ class Federation(Callback, FederatedServer):
         self._claim = RunDirClaim()  # the run directory this fit holds (rank 0)
         self._spill: tempfile.TemporaryDirectory[str] | None = None  # client states spilled by a rank other than 0
         self._stage = "fit"  # the Trainer's stage (setup); validate/test/predict leave the run's record alone
+        self._monitors: dict[int, tuple[str | None, bool]] = {}  # a method's LR scheduler monitors (setup)
         quiet_lightning()  # now: the Trainer built next prints its tips and accelerator lines in its constructor
 
     @property
@@ -184,6 +193,11 @@ class Federation(Callback, FederatedServer):
     def status(self) -> str:
         """``running``, or how the run ended: ``completed``, ``diverged``, ``interrupted`` or ``failed``."""
         return self.recorder.status if self.recorder is not None else "running"
+
+    @property
+    def round_running(self) -> int | None:
+        """The round (counted from 1) whose clients are training now: begun, not yet ended; else ``None``."""
+        return self._round.plan.round + 1 if self._round is not None else None
 
     # ---- planning (see fl_lightning.core.server) ---------------------------------------------------------------------
 
@@ -201,6 +215,7 @@ class Federation(Callback, FederatedServer):
     def prepare_trainer(self, trainer: L.Trainer) -> None:
         """Called by the datamodule when attached, before Lightning reads ``max_epochs`` or resolves ``ckpt_path``."""
         rules.prepare_trainer(trainer, self.rounds)
+        place_whole_rounds(trainer, self)
         use_round_bars(trainer)  # before any hook: Lightning's own progress bars count rounds and clients
 
     @override
@@ -213,6 +228,9 @@ class Federation(Callback, FederatedServer):
         if trainer.is_global_zero:  # one fit at a time in a run directory
             self._claim.acquire(trainer.default_root_dir)
         self.client_batches = isinstance(pl_module, FedAvg)
+        place_whole_rounds(trainer, self)  # again: after the module's configure_callbacks, which Lightning has added
+        if not pl_module.automatic_optimization:  # Lightning drops a manual module's scheduler monitors: keep them
+            self._monitors = keep_scheduler_monitors(pl_module)
         self.dm = dm = _checked_data(trainer, pl_module, self.rounds)
         run_dir = Path(trainer.default_root_dir)
         # A new fit starts afresh (a checkpoint restores the state). Spilled client states are a process's own cache:
@@ -238,7 +256,13 @@ class Federation(Callback, FederatedServer):
             trainer.strategy.model = pl_module
         if is_distributed():  # a gloo group left to the interpreter's shutdown can abort a process that has finished
             end_process_group_at_exit()
+        if not pl_module.automatic_optimization:
+            restore_scheduler_monitors(trainer, self._monitors)
         rules.check_lr_schedulers(trainer, self.lr_decay)
+        validates = is_overridden("validation_step", pl_module) and trainer.limit_val_batches != 0
+        rules.check_round_monitors(
+            trainer, self.eval_every, self.rounds, validates and len(self.dm.val_dataloader()) > 0
+        )
         self.server_state = to_device(self.server_state, pl_module.device)
         if pl_module.device.type == "cpu" and trainer.is_global_zero:  # one reading, by the process that warns
             busy = rules.busy_cpu_note(processes=trainer.num_devices)
@@ -387,6 +411,13 @@ class Federation(Callback, FederatedServer):
         callback for the methods' manual optimization (which Lightning leaves alone).
         """
         assert self.recorder is not None and self.dm is not None
+        if self._round is not None:  # the module ended the epoch before the round's last batch
+            raise RuntimeError(
+                f"the fit stopped in the middle of round {self._round.plan.round + 1}: the module set "
+                "trainer.should_stop (or its on_train_batch_start returned -1) before the round's last client was "
+                "trained; a round runs whole, so stop at its end instead (in on_train_epoch_end, or from a callback, "
+                "whose stop waits for the round's end); the run resumes from the last finished round"
+            )
         # Lightning logs a round's epoch metrics at this counter minus one, and the next LR monitor reading at it.
         set_logged_step(trainer, trainer.current_epoch + 2)
         if self.recorder.record_measured(trainer):
@@ -422,6 +453,21 @@ class Federation(Callback, FederatedServer):
                 )
                 self.client_group = fitted
 
+    def say(self, trainer: L.Trainer, message: str) -> None:
+        """Print a line of the run's (above the progress bar, rank 0 only)."""
+        if self.recorder is not None:
+            self.recorder.say(trainer, message)
+
+    def measure_stopped_round(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """A run stopped after a round without an evaluation (``eval_every`` above 1): evaluate and record it.
+
+        The run's last round is always evaluated, however the run ends.
+        """
+        stops = trainer.should_stop and can_stop_early(trainer)  # not while min_epochs holds the fit
+        if stops and self.recorder is not None and self.recorder.unmeasured:
+            if self.recorder.status == "running":
+                self.recorder.measure_late(trainer, self.evaluate(pl_module, trainer))
+
     def _stop_diverged(self, trainer: L.Trainer, round_number: int, reason: str) -> None:
         """End the run as ``diverged`` in ``round_number``: its record says so and the Trainer stops."""
         assert self.recorder is not None
@@ -445,6 +491,7 @@ class Federation(Callback, FederatedServer):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Close the record: completed when every round ran, interrupted when something stopped it early."""
         assert self.recorder is not None
+        self.measure_stopped_round(trainer, pl_module)  # a stop after the checkpoints' hooks (the module's, say)
         self.recorder.add_late_metrics(trainer)
         self.recorder.end(trainer, self.rounds)
 
@@ -474,9 +521,11 @@ class Federation(Callback, FederatedServer):
 
     @override
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
-        """Refuse a checkpoint (of a fit) made with other settings; its file was checked before it was read."""
+        """Refuse a checkpoint (of a fit) made with other settings, or a run that is over (its file is checked)."""
         if self._stage == "fit" and self.dm is not None:  # before anything of the run is restored or written
             self.check_resume(checkpoint, pl_module.hparams, self.dm.hparams)
+            # every process that sees the run directory refuses (one alone would leave the others waiting)
+            check_resumed_run_dir(trainer.default_root_dir, self.rounds, rounds_done(checkpoint))
 
     @override
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
@@ -486,6 +535,7 @@ class Federation(Callback, FederatedServer):
         before this one.
         """
         if self.recorder is not None and self._stage == "fit":
+            self.measure_stopped_round(trainer, pl_module)  # a stop set after WholeRounds' epoch end (the module's)
             self.recorder.add_late_metrics(trainer)
             state = checkpoint.get("callbacks", {}).get(self.state_key)
             if isinstance(state, dict) and state.get("record") is not None:

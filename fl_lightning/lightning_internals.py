@@ -9,17 +9,22 @@ from __future__ import annotations
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, Timer
 from lightning.pytorch.callbacks.progress.rich_progress import RichProgressBar
 from lightning.pytorch.core.mixins import HyperparametersMixin
 
 __all__ = [
+    "can_stop_early",
     "checkpoints_within_epochs",
     "count_optimizer_steps",
     "counted_step",
     "has_trainer",
+    "keep_scheduler_monitors",
     "record_initial_hparam",
+    "restore_scheduler_monitors",
     "rich_bar_settings",
+    "set_logged_batch_size",
     "set_logged_step",
     "step_only_logged_names",
 ]
@@ -31,6 +36,11 @@ def checkpoints_within_epochs(callback: ModelCheckpoint) -> bool:
     Lightning keeps both only as private attributes (``_every_n_train_steps``, ``_train_time_interval``).
     """
     return bool(callback._every_n_train_steps) or callback._train_time_interval is not None
+
+
+def can_stop_early(trainer: L.Trainer) -> bool:
+    """Whether a ``trainer.should_stop`` ends the fit now (``min_epochs`` met): Lightning's ``_can_stop_early``."""
+    return bool(trainer.fit_loop._can_stop_early)
 
 
 def max_time_seconds(trainer: L.Trainer) -> float | None:
@@ -47,6 +57,18 @@ def set_logged_step(trainer: L.Trainer, step: int) -> None:
     Lightning's logger connector logs at ``fit_loop.epoch_loop._batches_that_stepped``; a federation logs by round.
     """
     trainer.fit_loop.epoch_loop._batches_that_stepped = step
+
+
+def set_logged_batch_size(module: L.LightningModule, size: int) -> None:
+    """Make ``size`` the batch size of what ``module`` logs next with ``self.log`` (the weight of an ``on_epoch`` mean).
+
+    Lightning infers it from the training batch (``trainer._results.batch_size``, reset per batch), but a method's
+    training batch is a whole client: its local batches set it, one by one.
+    """
+    trainer = module._trainer
+    results = getattr(trainer, "_results", None) if trainer is not None else None
+    if results is not None:
+        results.batch_size = size
 
 
 def record_initial_hparam(obj: HyperparametersMixin, name: str, value: Any) -> None:
@@ -101,3 +123,54 @@ def step_only_logged_names(trainer: L.Trainer) -> set[str]:
     results = getattr(trainer, "_results", None) or {}
     metas = (getattr(result, "meta", None) for result in results.values())
     return {m.name for m in metas if m is not None and m.logger and m.on_step and not m.on_epoch}
+
+
+def keep_scheduler_monitors(module: L.LightningModule) -> dict[int, tuple[str | None, bool]]:
+    """Keep the ``monitor`` and ``strict`` of a manual-optimization module's LR schedulers, which Lightning drops.
+
+    Lightning's ``_configure_schedulers_manual_opt`` builds each ``LRSchedulerConfig`` without them (it leaves the
+    stepping to the module), but fl_lightning steps the methods' schedulers once a round, a ``ReduceLROnPlateau`` on
+    its monitored key. The module's next ``configure_optimizers`` call (the fit's) is wrapped to note them into the
+    returned dict; hand it to :func:`restore_scheduler_monitors` once Lightning has built its configs.
+    """
+    had_own = "configure_optimizers" in vars(module)
+    original = module.configure_optimizers
+    found: dict[int, tuple[str | None, bool]] = {}
+
+    def configure_optimizers() -> Any:
+        if had_own:
+            module.configure_optimizers = original  # type: ignore[method-assign]
+        else:
+            del module.configure_optimizers
+        conf = original()
+        _note_monitors(conf, None, True, found)
+        return conf
+
+    module.configure_optimizers = configure_optimizers  # type: ignore[method-assign]
+    return found
+
+
+def restore_scheduler_monitors(trainer: L.Trainer, found: dict[int, tuple[str | None, bool]]) -> None:
+    """Put what :func:`keep_scheduler_monitors` noted (``found``) back into the Trainer's LR scheduler configs.
+
+    A ``ReduceLROnPlateau`` is marked ``reduce_on_plateau``, as Lightning does for automatic optimization.
+    """
+    for config in trainer.lr_scheduler_configs:
+        monitor, strict = found.get(id(config.scheduler), (None, True))
+        config.monitor, config.strict = monitor, strict
+        config.reduce_on_plateau = isinstance(config.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+
+
+def _note_monitors(conf: Any, monitor: str | None, strict: bool, found: dict[int, tuple[str | None, bool]]) -> None:
+    """Walk what ``configure_optimizers`` returned; note each scheduler's monitor and strictness by its ``id``."""
+    if isinstance(conf, dict):
+        monitor, strict = conf.get("monitor", monitor), bool(conf.get("strict", strict))
+        if "scheduler" in conf:
+            found[id(conf["scheduler"])] = (monitor, strict)
+        if "lr_scheduler" in conf:
+            _note_monitors(conf["lr_scheduler"], monitor, strict, found)
+    elif isinstance(conf, list | tuple):
+        for item in conf:
+            _note_monitors(item, monitor, strict, found)
+    elif hasattr(conf, "step") and not isinstance(conf, torch.optim.Optimizer):
+        found[id(conf)] = (monitor, strict)

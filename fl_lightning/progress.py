@@ -46,6 +46,8 @@ _WARNING_NOISE = (
     "exists and is not empty",  # a resume's checkpoint folder; a new run into a used folder is refused earlier
     "but have no `validation_step`",  # the datamodule offers the server holdout for a module that validates
     "Total length of `list` across ranks is zero",  # no validation data (no holdout, no val split): no validation
+    # a method's scheduler dict: fl_lightning keeps its monitor and steps it once a round (rules.step_lr_schedulers)
+    "but the keys will be ignored. You need to call `lr_scheduler.step()` manually",
 )
 
 _NOISE = _LOG_NOISE + _WARNING_NOISE

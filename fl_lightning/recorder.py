@@ -10,12 +10,10 @@ creates the run directory (the fit that claims it does): a directory removed dur
 from __future__ import annotations
 
 import csv
-import functools
 import io
 import json
 import os
 import socket
-import subprocess
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -34,6 +32,7 @@ from fl_lightning.core import faults
 from fl_lightning.core.evaluation import Evaluation
 from fl_lightning.core.files import is_disk_full, overwrite_in_place, remove_temporaries, write_text_atomic
 from fl_lightning.core.metrics import collapsed, forgetting, label_entropy
+from fl_lightning.core.provenance import device_label, git_revision
 from fl_lightning.core.rounds import RoundState
 from fl_lightning.core.run_lock import RunDirWatch
 from fl_lightning.core.rundir import RunDirLost, check_fresh_run_dir
@@ -80,6 +79,7 @@ class RunRecorder:
         self.diverged_round: int | None = None
         self.stopped_early_round: int | None = None
         self._published: set[str] = set()  # the callback metrics this recorder set (never recorded as a module's)
+        self._unmeasured: tuple[RoundState, float] | None = None  # the round just ended, when it was not evaluated
         self.client_state: dict[str, float] | None = None  # ClientStateStore.usage(), for methods that keep one
         self.started = False
         self._written_status: str | None = None  # the status summary.json holds now
@@ -145,6 +145,7 @@ class RunRecorder:
 
     def begin_round(self, trainer: L.Trainer) -> None:
         """A round starts: what Lightning's callback metrics hold now was logged before it (:meth:`record_round`)."""
+        self._unmeasured = None
         self._metrics_before = dict(trainer.callback_metrics)
 
     def record_round(self, trainer: L.Trainer, measured: Mapping[str, Any], class_acc: np.ndarray) -> dict[str, float]:
@@ -223,12 +224,35 @@ class RunRecorder:
         seconds = time.perf_counter() - rnd.started_at
         self.elapsed += seconds
         if result is None:
+            # No measurements: the last evaluated round's leave the callback metrics, so that EarlyStopping or a
+            # ReduceLROnPlateau (eval_every above 1) do not take them for this round's.
+            metrics = trainer.callback_metrics
+            for key in self._published:
+                metrics.pop(key, None)
+            self._unmeasured = (rnd, seconds)
             return
         measured = rnd.measurements(result, seconds)
         if client_states is not None and len(client_states):
             self.client_state = client_states.usage()
         self._measured = (measured, result.class_acc)
         self.publish(trainer, measured)
+
+    @property
+    def unmeasured(self) -> bool:
+        """Whether the round that just ended was not evaluated (``eval_every`` above 1; see :meth:`measure_late`)."""
+        return self._unmeasured is not None
+
+    def measure_late(self, trainer: L.Trainer, result: Evaluation) -> None:
+        """Record the round that just ended without an evaluation, now evaluated: a stopped run's last round.
+
+        A run's last round is always evaluated (its row is the run's result; a resume counts the rounds done by the
+        rows). A run stopped after a round without one (Lightning's ``max_time``, a callback) has it evaluated here.
+        """
+        if self._unmeasured is None:
+            return
+        rnd, seconds = self._unmeasured
+        self._unmeasured = None
+        self.record_round(trainer, rnd.measurements(result, seconds), result.class_acc)
 
     def record_measured(self, trainer: L.Trainer) -> bool:
         """Record the round :meth:`end_round` measured, if any (see :meth:`record_round`); whether there was one."""
@@ -547,6 +571,16 @@ def _step_only_keys(trainer: L.Trainer) -> set[str]:
     return step_only_logged_names(trainer)
 
 
+def is_round_metric(key: str) -> bool:
+    """Whether ``key`` is a callback metric of an evaluated round (see :func:`monitorable`), measured by the callback.
+
+    >>> is_round_metric("global/acc"), is_round_metric("acc_class_3"), is_round_metric("val/acc")
+    (True, True, False)
+    """
+    named = key in _LOGGER_KEYS or key in _LOGGER_KEYS.values() or key in ("round", "clients", "elapsed_seconds")
+    return named or key.startswith(("acc_class_", "global_class/acc_"))
+
+
 def monitorable(row: Mapping[str, float]) -> dict[str, Any]:
     """A round's row as callback metrics: every value under its column name and its logger key.
 
@@ -580,26 +614,3 @@ def run_info(trainer: L.Trainer, module: L.LightningModule, datamodule: Any, **f
         "world_size": trainer.world_size,
         "device": device_label(trainer.strategy.root_device),
     }
-
-
-def device_label(device: torch.device) -> str:
-    """Where a run trains: ``cpu``, or ``cuda (<GPU name>)``."""
-    if device.type == "cuda":
-        return f"cuda ({torch.cuda.get_device_name(device)})"
-    return device.type
-
-
-@functools.lru_cache(maxsize=1)
-def git_revision() -> str | None:
-    """The short git revision of the fl_lightning checkout (None outside a git checkout)."""
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            cwd=Path(__file__).resolve().parent,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None if out.returncode == 0 else None

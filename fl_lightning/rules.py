@@ -24,6 +24,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import (
     Callback,
+    EarlyStopping,
     LearningRateMonitor,
     ModelCheckpoint,
     StochasticWeightAveraging,
@@ -34,6 +35,7 @@ from fl_lightning.checkpoint import AtomicLastCheckpoint
 from fl_lightning.data import FederatedDataModule
 from fl_lightning.lightning_internals import checkpoints_within_epochs, max_time_seconds
 from fl_lightning.module import FedAvg
+from fl_lightning.recorder import is_round_metric
 
 #: Precisions that run on the CPU (Lightning would quietly turn 16-mixed into bf16-mixed there).
 CPU_PRECISIONS = ("32-true", "32", "bf16-mixed")
@@ -349,6 +351,11 @@ def check_lr_schedulers(trainer: L.Trainer, lr_decay: float) -> None:
     """
     for config in trainer.lr_scheduler_configs:
         name = type(config.scheduler).__name__
+        if config.reduce_on_plateau and config.monitor is None:  # a method's dict without one (Lightning's own rule)
+            raise ValueError(
+                "the LR scheduler ReduceLROnPlateau needs the key it monitors: return {'scheduler': ..., 'monitor': "
+                "'global/acc'} as configure_optimizers' 'lr_scheduler'"
+            )
         if config.interval != "epoch":
             raise ValueError(
                 f"the LR scheduler {name} steps every {config.interval}: under Federation a client's LR would depend "
@@ -359,6 +366,42 @@ def check_lr_schedulers(trainer: L.Trainer, lr_decay: float) -> None:
                 f"both lr_decay={lr_decay} and the LR scheduler {name} schedule the round's learning rate; "
                 "use one (--federation.lr_decay 1, or no scheduler in configure_optimizers)"
             )
+
+
+def check_round_monitors(trainer: L.Trainer, eval_every: int, rounds: int, validates: bool) -> None:
+    """Refuse a watcher of a round metric that fails on the rounds without an evaluation (``eval_every`` above 1).
+
+    A round's metrics (``global/acc``, ``train/loss``, ...: :func:`~fl_lightning.recorder.is_round_metric`) exist only
+    after an evaluated round. ``EarlyStopping`` and ``ReduceLROnPlateau`` (``strict``, their default) raise on a round
+    without them, and so does a ``ModelCheckpoint`` monitoring one in a fit that ``validates`` (without validation it
+    skips those rounds); each gets the line that makes it wait for the evaluated rounds.
+    """
+    if eval_every == 1 or rounds == 1:
+        return
+    every = f"measured only every {eval_every} rounds (eval_every={eval_every})"
+    for callback in trainer.callbacks:  # type: ignore[attr-defined]  # assigned by Lightning, undeclared on Trainer
+        monitor = getattr(callback, "monitor", None)
+        if not isinstance(monitor, str) or not is_round_metric(monitor):
+            continue
+        name = type(callback).__name__
+        if isinstance(callback, EarlyStopping) and callback.strict:
+            raise ValueError(
+                f"{name}(monitor={monitor!r}) watches a key {every}; pass strict=False (it then skips the rounds "
+                "without an evaluation, and patience counts evaluations), or eval_every=1"
+            )
+        saves = callback.every_n_epochs if isinstance(callback, ModelCheckpoint) else None  # 0: not per round
+        if saves and validates and saves % eval_every != 0:
+            raise ValueError(
+                f"{name}(monitor={monitor!r}) watches a key {every}; pass every_n_epochs={eval_every} (it then "
+                "saves on the evaluated rounds), or eval_every=1"
+            )
+    for config in trainer.lr_scheduler_configs:
+        if config.reduce_on_plateau and config.strict and isinstance(config.monitor, str):
+            if is_round_metric(config.monitor):
+                raise ValueError(
+                    f"ReduceLROnPlateau monitors {config.monitor!r}, a key {every}; add 'strict': False to its "
+                    "configure_optimizers dict (it then steps on the evaluated rounds only), or eval_every=1"
+                )
 
 
 def set_round_lr(trainer: L.Trainer, lr_scale: float) -> float:
@@ -379,15 +422,28 @@ def step_lr_schedulers(trainer: L.Trainer, module: L.LightningModule) -> None:
     """At a round's end, step the epoch-interval LR schedulers of a module with manual optimization (the methods).
 
     Lightning steps them itself for automatic optimization, and never for manual; a ``ReduceLROnPlateau`` reads its
-    monitored key from the callback metrics (any key a round records, see ``RunRecorder.publish``).
+    monitored key from the callback metrics (any key a round records, see ``RunRecorder.publish``). A round that did
+    not record the key steps no such scheduler when its dict says ``strict: False`` (with ``eval_every`` above 1, the
+    rounds without an evaluation) and is an error otherwise, as under Lightning's automatic optimization.
     """
     if module.automatic_optimization:
         return
     for config in trainer.lr_scheduler_configs:
-        if (trainer.current_epoch + 1) % config.frequency == 0:
-            monitor = config.monitor if config.reduce_on_plateau else None
-            metric = trainer.callback_metrics.get(monitor) if monitor is not None else None
+        if (trainer.current_epoch + 1) % config.frequency != 0:
+            continue
+        if not config.reduce_on_plateau:
+            module.lr_scheduler_step(config.scheduler, None)
+            continue
+        metric = trainer.callback_metrics.get(config.monitor) if config.monitor is not None else None
+        if metric is not None:
             module.lr_scheduler_step(config.scheduler, metric)
+        elif config.strict:
+            known = ", ".join(sorted(trainer.callback_metrics)) or "none yet"
+            raise ValueError(
+                f"ReduceLROnPlateau monitors {config.monitor!r}, which round {trainer.current_epoch + 1} did not "
+                f"record (its keys: {known}); give a key every round records in the scheduler dict's 'monitor', or "
+                "'strict': False to step it only on the rounds that record it"
+            )
 
 
 def check_datamodule(datamodule: Any) -> FederatedDataModule:

@@ -21,8 +21,11 @@ from fl_lightning.lightning_internals import (
     count_optimizer_steps,
     counted_step,
     has_trainer,
+    keep_scheduler_monitors,
     record_initial_hparam,
+    restore_scheduler_monitors,
     rich_bar_settings,
+    set_logged_batch_size,
     set_logged_step,
     step_only_logged_names,
 )
@@ -206,3 +209,47 @@ def test_checkpoints_within_epochs_reads_model_checkpoints_private_settings():
     assert not checkpoints_within_epochs(ModelCheckpoint(every_n_epochs=2))
     assert checkpoints_within_epochs(ModelCheckpoint(every_n_train_steps=5))
     assert checkpoints_within_epochs(ModelCheckpoint(train_time_interval=timedelta(minutes=1)))
+
+
+def test_set_logged_batch_size_weights_an_epoch_mean(tmp_path):
+    class Logs(_Tiny):
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            for value, size in ((1.0, 1), (4.0, 3)):  # two "local steps" inside one training batch
+                set_logged_batch_size(self, size)
+                self.log("weighted", value, on_step=False, on_epoch=True)
+            return super().training_step(batch, batch_idx)
+
+    trainer = _trainer(tmp_path, logger=False, max_epochs=1)
+    trainer.fit(Logs(), DataLoader(TensorDataset(torch.randn(2, 2)), batch_size=2))
+    assert float(trainer.callback_metrics["weighted"]) == pytest.approx((1.0 * 1 + 4.0 * 3) / 4), (
+        "trainer._results.batch_size no longer weights self.log(on_epoch=True) (set_logged_batch_size)"
+    )
+
+
+def test_scheduler_monitors_survive_manual_optimization(tmp_path):
+    class Manual(_Tiny):
+        def __init__(self) -> None:
+            super().__init__()
+            self.automatic_optimization = False
+
+        def training_step(self, batch: Any, batch_idx: int) -> None:
+            return None
+
+        def configure_optimizers(self) -> Any:
+            opt = torch.optim.SGD(self.parameters(), lr=0.1)
+            plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt)
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": plateau, "monitor": "m", "strict": False}}
+
+    seen: list[tuple[Any, ...]] = []
+
+    class Read(L.Callback):
+        def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+            restore_scheduler_monitors(trainer, found)
+            config = trainer.lr_scheduler_configs[0]
+            seen.append((config.monitor, config.strict, config.reduce_on_plateau))
+
+    module = Manual()
+    found = keep_scheduler_monitors(module)
+    _trainer(tmp_path, logger=False, callbacks=[Read()]).fit(module, _loader())
+    assert seen == [("m", False, True)], f"Lightning's manual-optimization scheduler configs changed: {seen}"
+    assert "configure_optimizers" not in vars(module)  # the wrapper removed itself

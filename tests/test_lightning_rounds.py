@@ -14,11 +14,20 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import bare_trainer, read_metrics, read_summary
-from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint, StochasticWeightAveraging
+from lightning.pytorch.callbacks import (
+    EarlyStopping,
+    LearningRateMonitor,
+    ModelCheckpoint,
+    StochasticWeightAveraging,
+    Timer,
+)
 from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.trainer.states import RunningStage
 
 from fl_lightning import FedAvg, FederatedDataModule, Federation
 from fl_lightning.core.evaluation import evaluate
+from fl_lightning.core.run_lock import RunDirError
+from fl_lightning.core.rundir import rounds_done
 
 
 def _dm(**kwargs):
@@ -213,6 +222,210 @@ def test_early_stopping_ends_the_run_completed(tmp_path):
     assert summary["status"] == "completed"
     assert summary["stopped_early_round"] == summary["rounds_done"] == 2 < summary["rounds"]
     assert len(read_metrics(tmp_path)) == 2
+
+
+class _StopAfter(L.Callback):
+    """Asks the Trainer to stop after the second training batch (the second client) of the second round."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.current_epoch == 1 and batch_idx == 1:
+            trainer.should_stop = True
+
+
+class _SlowTimer(Timer):
+    """Lightning's ``max_time`` Timer whose time runs out after the fourth training batch (mid-round 2 of 3 clients)."""
+
+    batches = 0
+
+    def on_train_batch_end(self, trainer, *args, **kwargs):
+        self.batches += 1
+        super().on_train_batch_end(trainer, *args, **kwargs)
+
+    def time_elapsed(self, stage=RunningStage.TRAINING):
+        return 1e9 if self.batches >= 4 else 0.0
+
+
+@pytest.mark.parametrize(
+    ("stopper", "timer_lines"),
+    [(_StopAfter, 0), (lambda: _SlowTimer(duration={"hours": 1}), 1)],  # the Timer's line once, not every batch
+    ids=["callback", "timer"],
+)
+def test_a_stop_asked_for_mid_round_waits_for_the_round_to_end(tmp_path, stopper, timer_lines, caplog):
+    """Before: the fit ended after some of the round's clients, its checkpoint held one client's local weights as
+    the round done, the resume skipped the round and the summary said it completed."""
+    fed = Federation(rounds=3, plots=False)
+    trainer = bare_trainer(tmp_path, fed, stopper(), ModelCheckpoint(save_last=True), enable_checkpointing=True)
+    model = _model()
+    with caplog.at_level("INFO"):
+        trainer.fit(model, datamodule=_dm())
+    assert caplog.text.count("round 2: stop asked for mid-round; the round finishes first") == 1
+    assert caplog.text.count("Time limit reached.") == timer_lines
+    rows = read_metrics(tmp_path)
+    assert [int(r["round"]) for r in rows] == [1, 2]
+    summary = read_summary(tmp_path)
+    assert summary["status"] == "completed" and summary["rounds_done"] == summary["stopped_early_round"] == 2
+    saved = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
+    assert saved["epoch"] == 1  # the checkpoint of round 2, which ran whole
+    # the checkpoint's weights are the global model of round 2: its accuracy is the one recorded
+    model.load_state_dict(saved["state_dict"])
+    assert fed.evaluate(model).acc == pytest.approx(float(rows[-1]["global_acc"]))
+
+
+class _StopsItself(FedAvg):
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        if self.trainer.current_epoch == 1 and batch_idx == 0:
+            self.trainer.should_stop = True
+
+
+def test_a_module_that_stops_mid_round_fails_the_fit_before_its_checkpoint(tmp_path):
+    trainer = bare_trainer(tmp_path, Federation(rounds=3, plots=False), ModelCheckpoint(), enable_checkpointing=True)
+    with pytest.raises(RuntimeError, match=r"the fit stopped in the middle of round 2: the module set"):
+        trainer.fit(_model(_StopsItself), datamodule=_dm())
+    assert read_summary(tmp_path)["status"] == "failed"
+    assert torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["epoch"] == 0  # round 1's
+
+
+def test_resuming_an_early_stopped_run_with_its_rounds_is_refused(tmp_path):
+    stop = EarlyStopping(monitor="global/acc", mode="max", patience=0, min_delta=0.5)
+    bare_trainer(tmp_path, Federation(rounds=4, plots=False), stop, enable_checkpointing=True).fit(
+        _model(), datamodule=_dm()
+    )
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    again = bare_trainer(tmp_path, Federation(rounds=4, plots=False), enable_checkpointing=True)
+    with pytest.raises(RunDirError, match=r"holds a completed run of 4 rounds, stopped early after round 2; there is"):
+        again.fit(_model(), datamodule=_dm(), ckpt_path="last")
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
+    # more rounds than it was run with extend it
+    bare_trainer(tmp_path, Federation(rounds=5, plots=False), enable_checkpointing=True).fit(
+        _model(), datamodule=_dm(), ckpt_path="last"
+    )
+    assert read_summary(tmp_path)["rounds_done"] == 5
+
+
+class _Plateau(FedAvg):
+    """FedAvg with a ReduceLROnPlateau on ``global/loss`` in ``mode="max"``: a falling test loss halves the LR."""
+
+    def __init__(self, strict: bool = True, monitor: str | None = "global/loss", **kwargs):
+        super().__init__(**kwargs)
+        self.strict, self.monitor = strict, monitor
+
+    def configure_optimizers(self):
+        opt = torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, mode="max", patience=0, factor=0.5)
+        config = {"scheduler": plateau, "strict": self.strict}
+        if self.monitor is not None:
+            config["monitor"] = self.monitor
+        return {"optimizer": opt, "lr_scheduler": config}
+
+
+def test_a_methods_reduce_lr_on_plateau_steps_on_its_monitored_key(tmp_path):
+    """Before: ``ReduceLROnPlateau.step() missing 1 required positional argument: 'metrics'`` at the first round's end
+    (Lightning drops a manual-optimization module's ``monitor``)."""
+    bare_trainer(tmp_path, Federation(rounds=4, plots=False)).fit(_model(_Plateau), datamodule=_dm())
+    rows = read_metrics(tmp_path)
+    losses = [float(r["global_loss"]) for r in rows]
+    assert losses == sorted(losses, reverse=True)  # fell every round: worse every time in mode "max"
+    # the first round's loss is the best so far; each later one is worse, and halves the next round's LR
+    assert [float(r["lr"]) for r in rows] == [0.1, 0.1, 0.05, 0.025]
+
+
+def test_reduce_lr_on_plateau_without_a_monitor_is_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"ReduceLROnPlateau needs the key it monitors: return \{'scheduler'"):
+        bare_trainer(tmp_path, Federation(rounds=2, plots=False)).fit(_model(_Plateau, monitor=None), datamodule=_dm())
+
+
+def test_watchers_of_round_metrics_with_eval_every_say_how_to_wait_for_evaluations(tmp_path):
+    """Before: each raised at the end of round 1, which has no evaluation with ``eval_every=2``."""
+    cases = [
+        (_model(_Plateau), [], {}, r"ReduceLROnPlateau monitors 'global/loss', a key measured only every 2 rounds"),
+        (_model(), [EarlyStopping(monitor="global/acc")], {}, r"pass strict=False \(it then skips the rounds"),
+        (
+            _model(),
+            [ModelCheckpoint(monitor="global/acc", dirpath=tmp_path / "best")],
+            {"holdout_per_class": 5},  # validation runs (FedAvg validates on the holdout)
+            r"ModelCheckpoint\(monitor='global/acc'\) watches a key measured only every 2 rounds \(eval_every=2\); "
+            r"pass every_n_epochs=2",
+        ),
+    ]
+    for i, (model, callbacks, data, message) in enumerate(cases):
+        fed = Federation(rounds=4, eval_every=2, plots=False)
+        trainer = bare_trainer(tmp_path / str(i), fed, *callbacks, enable_checkpointing=True)
+        with pytest.raises(ValueError, match=message):
+            trainer.fit(model, datamodule=_dm(**data))
+
+
+def test_with_eval_every_a_plateau_and_early_stopping_see_only_evaluated_rounds(tmp_path, recwarn):
+    """With ``strict: False`` they wait for the evaluated rounds; before, the last evaluation's values stayed in the
+    callback metrics, so that a round without one counted as no improvement (and stepped the plateau)."""
+    stop = EarlyStopping(monitor="global/loss", mode="min", patience=0, strict=False)
+    fed = Federation(rounds=6, eval_every=2, plots=False)
+    bare_trainer(tmp_path, fed, stop).fit(_model(_Plateau, strict=False), datamodule=_dm())
+    rows = read_metrics(tmp_path)
+    assert [int(r["round"]) for r in rows] == [2, 4, 6]  # the test loss falls every evaluation: never stopped
+    # stepped after rounds 2 (the best so far) and 4 (worse) only: a step on round 3 would have halved round 4's LR
+    assert [float(r["lr"]) for r in rows] == [0.1, 0.1, 0.05]
+
+
+def test_a_stop_after_a_round_without_evaluation_evaluates_it(tmp_path):
+    """A run's last round is always evaluated, also when ``max_time`` ends the run after one that was not."""
+    timer = _SlowTimer(duration={"hours": 1})
+    timer.batches = -4  # its time runs out after the 8th batch: the end of round 3 of 3 clients
+    fed = Federation(rounds=4, eval_every=2, plots=False)
+    trainer = bare_trainer(tmp_path, fed, timer, ModelCheckpoint(save_last=True), enable_checkpointing=True)
+    trainer.fit(_model(), datamodule=_dm())
+    assert [int(r["round"]) for r in read_metrics(tmp_path)] == [2, 3]
+    summary = read_summary(tmp_path)
+    assert summary["status"] == "completed" and summary["rounds_done"] == summary["stopped_early_round"] == 3
+    saved = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
+    assert saved["epoch"] == 2 and rounds_done(saved) == 3
+
+
+class _StopsAtEpochEnd(FedAvg):
+    """Stops the fit from its own ``on_train_epoch_end`` (after the callbacks') at the end of round ``at``."""
+
+    at = 3
+
+    def on_train_epoch_end(self):
+        if self.trainer.current_epoch + 1 == self.at:
+            self.trainer.should_stop = True
+
+
+def test_a_stop_by_the_module_at_a_rounds_end_is_in_its_checkpoint(tmp_path):
+    """The late evaluation of a stopped run's last round reaches the checkpoint saved after the module's hook."""
+    fed = Federation(rounds=6, eval_every=2, plots=False)
+    trainer = bare_trainer(tmp_path, fed, ModelCheckpoint(save_last=True), enable_checkpointing=True)
+    trainer.fit(_model(_StopsAtEpochEnd), datamodule=_dm())
+    assert [int(r["round"]) for r in read_metrics(tmp_path)] == [2, 3]
+    saved = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
+    assert saved["epoch"] == 2 and rounds_done(saved) == 3
+
+
+class _StopCallbackOfTheModel(FedAvg):
+    """A module whose ``configure_callbacks`` adds a callback that stops mid-round (Lightning adds it last)."""
+
+    def configure_callbacks(self):
+        return [_StopAfter()]
+
+
+def test_a_stop_by_a_callback_of_the_module_waits_for_the_round_to_end(tmp_path):
+    bare_trainer(tmp_path, Federation(rounds=3, plots=False)).fit(_model(_StopCallbackOfTheModel), datamodule=_dm())
+    assert [int(r["round"]) for r in read_metrics(tmp_path)] == [1, 2]
+    assert read_summary(tmp_path)["stopped_early_round"] == 2
+
+
+class _StopAtOnce(L.Callback):
+    def on_train_epoch_end(self, trainer, pl_module):
+        trainer.should_stop = True
+
+
+def test_a_stop_held_by_min_epochs_neither_repeats_nor_evaluates_each_round(tmp_path, caplog):
+    """Lightning keeps ``should_stop`` set while ``min_epochs`` holds the fit: no round is deferred or evaluated
+    for it until the fit can stop (round 5), whose round is then evaluated."""
+    fed = Federation(rounds=6, eval_every=2, plots=False)
+    with caplog.at_level("INFO"):
+        bare_trainer(tmp_path, fed, _StopAtOnce(), min_epochs=5).fit(_model(), datamodule=_dm())
+    assert [int(r["round"]) for r in read_metrics(tmp_path)] == [2, 4, 5]
+    assert "stop asked for mid-round" not in caplog.text
 
 
 # ---- other callbacks, checkpoints, logger steps -------------------------------------------------------------------

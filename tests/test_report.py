@@ -333,7 +333,7 @@ def test_published_numbers_sit_beside_ours_with_the_gap_in_stds(comparison):
 
 
 def test_device_label():
-    from fl_lightning.recorder import device_label
+    from fl_lightning.core.provenance import device_label
 
     assert device_label(torch.device("cpu")) == "cpu"
     if torch.cuda.is_available():

@@ -433,6 +433,31 @@ def check_fresh_run_dir(run_dir: str | os.PathLike[str]) -> None:
         )
 
 
+def check_resumed_run_dir(run_dir: str | os.PathLike[str], rounds: int, done: int) -> None:
+    """A fit that resumes a checkpoint into ``run_dir`` refuses a run that is over (the command line's rule).
+
+    A diverged run has nothing to resume; nor has a completed run that a callback stopped early (its checkpoint
+    ``done`` fewer than its rounds) unless ``rounds`` extends it beyond the rounds it was run with. A completed run
+    whose rounds are all done is let through: Lightning trains nothing, and the record is completed again with any
+    missing file written (a fault during its final writes).
+
+    >>> check_resumed_run_dir("no/such/run", rounds=3, done=1)  # nothing there: nothing to protect
+    """
+    run_dir = Path(run_dir)
+    summary = read_summary(run_dir)
+    status = run_status(summary)
+    if status == "diverged":
+        raise RunDirError(
+            f"{run_dir} holds a diverged run; there is nothing to resume (start a new run in another default_root_dir)"
+        )
+    planned = int((summary or {}).get("rounds") or 0)
+    if status == "completed" and done < rounds <= planned:
+        raise RunDirError(
+            f"{run_dir} holds a completed run of {planned} rounds, stopped early after round {done}; there is nothing "
+            f"to resume (raise rounds above {planned} to extend it, or start a new run in another default_root_dir)"
+        )
+
+
 def check_run_dir(
     run_dir: str | os.PathLike[str],
     new_config: Mapping[str, Any],
