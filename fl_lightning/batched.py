@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Mapping, Sequence
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import lightning as L
@@ -239,7 +240,7 @@ class BatchedClients(ClientExecutor):
         for stack in stacks.values():
             held = HeldMetrics(module)
             try:
-                with PeakMemory(module.device) as peak:
+                with PeakMemory(module.device) as peak, _no_logging(module):
                     result = train_stacked(
                         module,
                         [members[i] for i in stack],
@@ -283,6 +284,38 @@ class BatchedClients(ClientExecutor):
                 module.load_state_dict(rnd.global_weights)
         module.client = None
         return torch.tensor(sum(losses) / len(losses)) if losses else None
+
+
+@contextlib.contextmanager
+def _no_logging(module: L.LightningModule) -> Iterator[None]:
+    """``self.log`` and ``self.log_dict`` raise :class:`NotBatchable` while the stacked step runs the method's loss.
+
+    Under ``vmap`` a logged value is every stacked client's at once, which Lightning would record as one number (the
+    wrong one), or which escapes ``vmap`` as an error at the round's end: the clients train one by one instead.
+    """
+    refuse = _REFUSALS.get(module)
+    if refuse is None:  # one per module: a built step's fingerprint of the module holds the attribute's identity
+        refuse = _REFUSALS[module] = functools.partial(_refuse_logging, type(module).__name__)
+    own = {name: vars(module)[name] for name in ("log", "log_dict") if name in vars(module)}
+    module.log = module.log_dict = refuse  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        for name in ("log", "log_dict"):
+            if name in own:
+                setattr(module, name, own[name])
+            else:
+                delattr(module, name)
+
+
+_REFUSALS: weakref.WeakKeyDictionary[nn.Module, Callable[..., None]] = weakref.WeakKeyDictionary()
+
+
+def _refuse_logging(method: str, *args: Any, **kwargs: Any) -> None:
+    raise NotBatchable(
+        f"{method}.client_loss logs with self.log, which the batched engine cannot stack (it runs every client's "
+        "loss at once under vmap); log in on_client_end to keep the batched engine"
+    )
 
 
 def _count_steps(opt: Any, n: int) -> None:

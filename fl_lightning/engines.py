@@ -24,7 +24,7 @@ from fl_lightning.core.gpu_memory import GIB, MIB, PeakMemory, fitting_group, me
 from fl_lightning.core.messages import first_line
 from fl_lightning.core.models import in_mode, trainable
 from fl_lightning.core.stacked_conv import lowered_convolutions
-from fl_lightning.core.stacking import overrides, stacked_state
+from fl_lightning.core.stacking import overrides, stacked_state, swap_names, swap_state
 from fl_lightning.core.state import ClientStateStore
 from fl_lightning.core.step_capture import StepCache, resolve_capture
 from fl_lightning.data import FederatedDataModule
@@ -174,6 +174,7 @@ def memory_group(
     """
     sample = datamodule.input_sample(module.device)
     peaks = []
+    names = swap_names(module)
     with in_mode(module, training=True):
         for k in (1, 2):
             with PeakMemory(module.device) as peak:
@@ -183,7 +184,7 @@ def memory_group(
 
                 def loss(p: dict[str, Tensor], b: dict[str, Tensor], xi: Tensor, yi: Tensor) -> Tensor:
                     with lowered_convolutions(conv):
-                        logits = functional_call(module, {**p, **b}, (xi,))
+                        logits = functional_call(module, swap_state({**p, **b}, names), (xi,), tie_weights=False)
                     return torch.nn.functional.cross_entropy(logits, yi)
 
                 total = vmap(loss, randomness="error")(params, buffers, x, y).sum()
@@ -237,11 +238,13 @@ def batching_refusal(
 def network_refusal(module: nn.Module, sample: Tensor) -> str | None:
     """Why the module's network cannot run stacked under ``vmap`` on inputs like ``sample`` (``None``: it can)."""
     params, buffers = stacked_state(module, 2)
+    names = swap_names(module)
     try:
         with in_mode(module, training=True), torch.no_grad():
-            vmap(lambda p, b, x: functional_call(module, {**p, **b}, (x,)), randomness="error")(
-                params, buffers, sample.expand(2, 2, *sample.shape)
-            )
+            vmap(
+                lambda p, b, x: functional_call(module, swap_state({**p, **b}, names), (x,), tie_weights=False),
+                randomness="error",
+            )(params, buffers, sample.expand(2, 2, *sample.shape))
     except Exception as err:  # noqa: BLE001 - any failure means: train it sequentially, and say why
         first = first_line(err)
         return f"its network cannot run under torch.func.vmap ({first[:160]})"

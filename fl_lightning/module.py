@@ -21,7 +21,7 @@ from fl_lightning.core.context import ClientContext, ServerContext, checked_payl
 from fl_lightning.core.distributed import all_reduce_sum_
 from fl_lightning.core.evaluation import Counts, Evaluation, add_counts, batch_counts, unpadded
 from fl_lightning.core.models import MODELS, build_model, net_name, trainable
-from fl_lightning.lightning_internals import counted_step, has_trainer, record_initial_hparam
+from fl_lightning.lightning_internals import counted_step, has_trainer, record_initial_hparam, set_logged_batch_size
 
 #: Where a method's checkpoint holds its :class:`~fl_lightning.core.augment.InputNormalization` statistics.
 INPUT_NORMALIZATION_KEY = "input_normalization"
@@ -202,6 +202,8 @@ def client_upload(module: object, client: ClientContext) -> Mapping[str, Tensor]
     """What a client sends up with its weights: the module's ``on_client_end``, checked (``{}`` without hooks)."""
     if not isinstance(module, FederatedHooks):
         return {}
+    if isinstance(module, L.LightningModule):  # a self.log(..., on_epoch=True) there counts once per client
+        set_logged_batch_size(module, 1)
     return checked_upload(type(module).__name__, module.on_client_end(client))
 
 
@@ -435,6 +437,7 @@ class FedAvg(FederatedHooks, L.LightningModule):
 
     def local_step(self, x: Tensor, y: Tensor) -> Tensor:
         """One local optimizer step on one (augmented, normalised) batch; returns its detached loss."""
+        set_logged_batch_size(self, len(y))  # a self.log(..., on_epoch=True) in client_loss is weighted by it
         loss = self.client_loss(x, y)
         opt = cast(LightningOptimizer, self.optimizers())  # configure_optimizers returns one optimizer
         opt.zero_grad()

@@ -37,6 +37,8 @@ from fl_lightning.core.stacking import (
     overrides,
     stack_attributes,
     stacked_state,
+    swap_names,
+    swap_state,
     tensor_aliases,
 )
 from fl_lightning.core.step_capture import (
@@ -80,16 +82,15 @@ class _ClientLoss(nn.Module):
 def _local_loss(
     module: FedAvg, wrapper: _ClientLoss, template: Mapping[str, Any], conv: str = "grouped"
 ) -> Callable[[dict[str, Tensor], dict[str, Tensor], list[Tensor], Tensor, Tensor], Tensor]:
-    # Untying shared weights walks every module on every call; only a network that shares a parameter needs it.
-    tied = len(list(module.named_parameters(remove_duplicate=False))) != len(list(module.named_parameters()))
+    names = swap_names(module)  # once, outside the traced step: it walks every module
 
     def loss(
         params: dict[str, Tensor], buffers: dict[str, Tensor], attrs: list[Tensor], x: Tensor, y: Tensor
     ) -> Tensor:
         # {**a, **b}, not a | b: torch 2.6's compile could not trace a dict union (the step compiles whole)
-        state = {**{f"m.{k}": v for k, v in params.items()}, **{f"m.{k}": v for k, v in buffers.items()}}
+        state = swap_state({**params, **buffers}, names, prefix="m.")
         with bound_attributes(module, bind_leaves(template, attrs)), lowered_convolutions(conv):
-            return functional_call(wrapper, state, (x, y), tie_weights=tied)
+            return functional_call(wrapper, state, (x, y), tie_weights=False)
 
     return loss
 

@@ -242,6 +242,35 @@ def test_tied_and_unused_parameters_match_sequential(tmp_path: Path) -> None:
     assert torch.equal(net.unused.weight, TiedAndUnused().unused.weight)  # untouched: no gradient, no decay
 
 
+class SharedBlock(nn.Module):
+    """A network that registers one block under two names (``self.again = self.block``) and runs it twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encode = nn.Linear(64, 32)
+        self.block = nn.Sequential(nn.Linear(32, 32), nn.BatchNorm1d(32))
+        self.again = self.block
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = torch.relu(self.block(torch.relu(self.encode(x.flatten(1)))))
+        return self.head(torch.relu(self.again(h)))
+
+
+def test_a_block_registered_under_two_names_matches_sequential(tmp_path: Path) -> None:
+    """Before: the vmap check at fit start left stacked tensors in the block (functional_call with tie_weights swaps
+    it twice), and the first round failed reading the module's state dict."""
+    results = {}
+    for engine in ("batched", "sequential"):
+        torch.manual_seed(0)
+        model = FedAvg(net=SharedBlock(), num_classes=10, lr=0.05)
+        results[engine] = (net_fit(tmp_path / engine, model, engine=engine), model)
+    assert results["batched"][0].engine_used == "batched"
+    assert_same_federation(results["batched"], results["sequential"])
+    net = results["batched"][1].net
+    assert net.again is net.block and all(type(t) is nn.Parameter for t in net.block.parameters())
+
+
 # ---- 3. unequal clients -------------------------------------------------------------------------------------------
 
 
@@ -532,6 +561,54 @@ def test_found_unbatchable_in_the_round_say_why_and_train_sequentially(
     assert batched[0].engine_used == "sequential"
     assert read_summary(tmp_path / "batched")["engine"] == "sequential"
     assert_same_federation(batched, run(tmp_path, "sequential", method, rounds=2), ran="sequential")
+
+
+class LogsInLoss(FedAvg):
+    """Logs its loss with ``self.log`` from ``client_loss``, as a Lightning user would in ``training_step``."""
+
+    on_epoch = False
+
+    def client_loss(self, x: Tensor, y: Tensor) -> Tensor:
+        loss = super().client_loss(x, y)
+        self.log("my_loss", loss, on_step=not self.on_epoch, on_epoch=self.on_epoch)
+        return loss
+
+
+class LogsInLossPerRound(LogsInLoss):
+    on_epoch = True
+
+
+@pytest.mark.parametrize("method", [LogsInLoss, LogsInLossPerRound], ids=["on-step", "on-epoch"])
+def test_self_log_in_the_loss_trains_sequentially_with_the_sequential_values(tmp_path: Path, method: type) -> None:
+    """Before: logged on_step, the batched engine recorded another value than the sequential engine, silently; on_epoch,
+    the fallback failed (a tensor escaped vmap)."""
+    with pytest.warns(UserWarning, match="training sequentially") as record:
+        batched = run(tmp_path, "batched", method, rounds=2)
+    messages = [str(w.message) for w in record if "training sequentially" in str(w.message)]
+    assert len(messages) == 1 and "client_loss logs with self.log, which the batched engine cannot stack" in messages[0]
+    sequential = run(tmp_path, "sequential", method, rounds=2)
+    assert_same_federation(batched, sequential, ran="sequential")
+    values = [[row["my_loss"] for row in read_metrics(tmp_path / engine)] for engine in ("batched", "sequential")]
+    assert values[0] == values[1] and all(float(v) > 0.0 for v in values[0])
+
+
+class LogsAtClientEnd(FedAvg):
+    """Logs a per-client value in ``on_client_end``, the batched engine's place for it (a round mean with on_epoch)."""
+
+    def on_client_end(self, client: Any) -> dict[str, Tensor]:
+        self.log("client_norm", sum(p.detach().norm() for p in self.parameters()), on_step=False, on_epoch=True)
+        return super().on_client_end(client)
+
+
+def test_self_log_in_on_client_end_keeps_the_batched_engine(tmp_path: Path) -> None:
+    """Each client counts once in the round's mean (before: weighted by its last local batch on the sequential
+    engine, and on the batched engine Lightning could not infer a batch size from the group)."""
+    batched = run(tmp_path, "batched", LogsAtClientEnd, rounds=2)
+    assert batched[0].engine_used == "batched"
+    sequential = run(tmp_path, "sequential", LogsAtClientEnd, rounds=2)
+    assert_same_federation(batched, sequential)
+    values = [[float(row["client_norm"]) for row in read_metrics(tmp_path / e)] for e in ("batched", "sequential")]
+    assert values[0] == pytest.approx(values[1], rel=1e-5) and all(v > 0 for v in values[0])
 
 
 class TracksAccuracy(FedAvg):

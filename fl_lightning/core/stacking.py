@@ -69,6 +69,37 @@ def tensor_aliases(module: nn.Module) -> dict[str, str]:
     return aliases
 
 
+def swap_names(module: nn.Module) -> dict[str, str] | None:
+    """The names to hand :func:`torch.func.functional_call` (with ``tie_weights=False``) for a module's stacked state.
+
+    Each slot a tensor sits in (one module attribute; a module reached by several paths counts once) → the name its
+    tensor is stacked under (:func:`stacked_state`'s, the tensor's first name). ``None`` when every tensor has one
+    name: the stacked state's names are the ones. A shared tensor in two modules gets the one stacked tensor in both
+    slots; a module registered twice (``self.b = self.a``) is swapped once, which ``tie_weights=True`` does not do: it
+    swaps such a module twice and, putting the originals back, leaves the stacked tensor in it (torch 2.14).
+    """
+    aliases = tensor_aliases(module)
+    if not aliases:
+        return None
+    seen: set[tuple[int, str]] = set()
+    names: dict[str, str] = {}
+    for prefix, sub in module.named_modules(remove_duplicate=False):
+        for attr, tensor in [*sub._parameters.items(), *sub._buffers.items()]:
+            if tensor is None or (id(sub), attr) in seen:
+                continue
+            seen.add((id(sub), attr))
+            name = f"{prefix}.{attr}" if prefix else attr
+            names[name] = aliases.get(name, name)
+    return names
+
+
+def swap_state(state: Mapping[str, Tensor], names: Mapping[str, str] | None, prefix: str = "") -> dict[str, Tensor]:
+    """``state`` (stacked, by first names) under the names of :func:`swap_names`, each behind ``prefix``."""
+    if names is None:
+        return {f"{prefix}{k}": v for k, v in state.items()}
+    return {f"{prefix}{name}": state[first] for name, first in names.items() if first in state}
+
+
 # ---- per-client attributes -------------------------------------------------------------------------------------------
 
 
