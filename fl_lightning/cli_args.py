@@ -53,10 +53,39 @@ def named_configs(argv: list[str]) -> list[str]:
         if arg in ("--config", "-c") and i + 1 < len(out):
             out[i + 1] = shipped_configs.resolve_config_arg(out[i + 1], arg)
             check_yaml(out[i + 1], arg)
+            check_config_method(out[i + 1], arg)
         elif arg.startswith("--config="):
             out[i] = "--config=" + shipped_configs.resolve_config_arg(arg.split("=", 1)[1], "--config")
             check_yaml(out[i].split("=", 1)[1], "--config")
+            check_config_method(out[i].split("=", 1)[1], "--config")
     return out
+
+
+def check_config_method(value: str, option: str = "--config") -> None:
+    """Refuse a config file whose ``model`` is a method's short name (``model: fedntd``), saying what to write.
+
+    jsonargparse takes a config's class by its class name or path only; the short names (any case) are the command
+    line's (:func:`method_names`). Without this, jsonargparse reads the name as a file: "Expected a path".
+
+    Raises:
+        ValueError: the config names a method as the command line would; the message gives the line to write.
+    """
+    data = _config_data(value) if Path(value).is_file() else None
+    sections = [data, *(data.get(sub) for sub in SUBCOMMANDS)] if isinstance(data, dict) else []
+    for section in sections:
+        model = section.get("model") if isinstance(section, dict) else None
+        if not isinstance(model, str) or "." in model:
+            continue
+        try:
+            path = method_class_path(model, "model:")
+        except ValueError as err:
+            raise ValueError(f"{option} {value}: {err}") from None
+        name = path.rsplit(".", 1)[1]
+        if name != model:
+            raise ValueError(
+                f"{option} {value}: model: {model} is the command line's name for {name}; in a config file write "
+                f"model: {name} (or class_path: fl_lightning.{name} under model)"
+            )
 
 
 def check_yaml(value: str, option: str = "--config") -> None:

@@ -19,6 +19,8 @@ import shutil
 import sys
 from pathlib import Path
 
+import yaml
+
 _PACKAGE = Path(__file__).resolve().parent
 
 #: Where a ``--config`` value may name a shipped config instead of a file: words, dots, dashes and slashes only.
@@ -106,7 +108,9 @@ def config_copy(path: Path) -> str:
 def copy_configs(names: list[str], dest: Path) -> tuple[list[Path], list[Path]]:
     """Copy the named shipped configs (all when ``names`` is empty) into ``dest``; returns (copied, kept).
 
-    A file that already exists in ``dest`` is kept as it is (it may hold your edits).
+    A file that already exists in ``dest`` is kept as it is (it may hold your edits). A copied comparison spec
+    (``compare/*.yaml``) runs the copies: each setting whose configs ``dest`` holds for every method of the spec names
+    them there (``configs/{method}_x.yaml`` becomes ``<dest>/{method}_x.yaml``); any other still names the shipped ones.
     """
     wanted = names or config_names()
     copied: list[Path] = []
@@ -122,7 +126,24 @@ def copy_configs(names: list[str], dest: Path) -> tuple[list[Path], list[Path]]:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(config_copy(source), encoding="utf-8")
         copied.append(target)
+    for target in copied:
+        if target.parent == dest / "compare":
+            target.write_text(_spec_of_copies(target.read_text(encoding="utf-8"), dest), encoding="utf-8")
     return copied, kept
+
+
+def _spec_of_copies(text: str, dest: Path) -> str:
+    """A comparison spec's text with each setting whose configs ``dest`` holds (for all its methods) naming them."""
+    spec = yaml.safe_load(text) or {}
+    variants = spec.get("variants") or {}
+    methods = [str((variants.get(m) or {}).get("method", m)) for m in spec.get("methods") or []]
+    for setting, template in (spec.get("settings") or {}).items():
+        if not isinstance(template, str) or not template.startswith("configs/"):
+            continue
+        ours = f"{dest.as_posix()}/{template.removeprefix('configs/')}"
+        if methods and all(Path(ours.format(method=m, setting=setting)).is_file() for m in methods):
+            text = re.sub(rf"(?m)^(  {re.escape(str(setting))}: ){re.escape(template)}$", rf"\g<1>{ours}", text)
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:

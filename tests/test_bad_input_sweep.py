@@ -119,6 +119,27 @@ def test_refused_at_start_up_in_one_line(tmp_path, capsys, extra, message):
     assert not (tmp_path / "r").exists()  # refused before the run directory
 
 
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        ("fedntd", "model: fedntd is the command line's name for FedNTD; in a config file write model: FedNTD"),
+        ("fedntdd", "model: fedntdd: unknown method; did you mean fedntd?"),
+    ],
+)
+def test_a_config_naming_its_method_as_the_command_line_does(tmp_path, capsys, model, message):
+    from fl_lightning.cli_args import check_config_method
+
+    # Before: "error: --model: Expected a path but fedntd either not accessible or invalid"
+    config = tmp_path / "mine.yaml"
+    config.write_text(f"model: {model}\ndata:\n  dataset: digits\n  num_clients: 3\nfederation:\n  rounds: 1\n")
+    assert run(["fit", "--config", str(config), "--trainer.default_root_dir", str(tmp_path / "r")]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: --config {config}: {message}"), lines
+    assert not (tmp_path / "r").exists()
+    config.write_text(config.read_text().replace(f"model: {model}", "model: FedNTD"))  # what it says to write
+    check_config_method(str(config))  # accepted (jsonargparse takes a class name)
+
+
 def test_model_fact_that_agrees_with_the_data_is_accepted():
     from fl_lightning.cli_args import check_data_facts
 

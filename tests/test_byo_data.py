@@ -102,9 +102,19 @@ def _global_weights(tmp_path, dm: FederatedDataModule, rounds: int = 2, ratio: f
     return model.state_dict()
 
 
-def test_streamed_dataset_gives_the_in_memory_weights(tmp_path):
+@pytest.mark.parametrize("augment", [{}, {"crop_padding": 1, "hflip": True, "cutout": 2}], ids=["plain", "augmented"])
+def test_streamed_dataset_gives_the_in_memory_weights(tmp_path, augment):
+    """Augmented, before: reading a streamed client's batches drew from torch's global generator (the loader's base
+    seed), which the augmentation draws from, so that the two trained on other crops and flips."""
     x, y, xt, yt = _digits()
-    opts = {"num_clients": 4, "partition": "dirichlet", "alpha": 0.5, "batch_size": 32, "holdout_per_class": 2}
+    opts = {
+        "num_clients": 4,
+        "partition": "dirichlet",
+        "alpha": 0.5,
+        "batch_size": 32,
+        "holdout_per_class": 2,
+        **augment,
+    }
     in_memory = FederatedDataModule.from_tensors(x, y, xt, yt, **opts)
     streamed = FederatedDataModule.from_datasets(CountingDataset(x, y), CountingDataset(xt, yt), **opts)
     a = _global_weights(tmp_path / "a", in_memory)

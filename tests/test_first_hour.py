@@ -116,6 +116,21 @@ def test_configs_command_lists_prints_and_copies(tmp_path, capsys, monkeypatch):
     assert len(list((tmp_path / "configs").rglob("*.yaml"))) == len(shipped_configs.config_names())
 
 
+def test_a_copied_comparison_runs_the_copied_configs(tmp_path, monkeypatch):
+    """Before: a copied spec still named ``configs/{method}_...yaml``, so that it ran the shipped configs (or a
+    checkout's), never the copies being edited."""
+    monkeypatch.chdir(tmp_path)
+    assert shipped_configs.main(["--copy", "mine"]) == 0
+    spec = CompareSpec.from_yaml("mine/compare/fmnist_shard2_seeds.yaml")
+    assert {r.config for r in spec.runs()} == {
+        Path(f"mine/{m}_fmnist_shard2.yaml") for m in ("fedavg", "fedntd", "fedlmd")
+    }
+    # copied alone, a spec keeps naming the shipped configs (there are no copies to run)
+    assert shipped_configs.main(["compare/fmnist_shard2_seeds", "--copy", "alone"]) == 0
+    spec = CompareSpec.from_yaml("alone/compare/fmnist_shard2_seeds.yaml")
+    assert {r.config.parent for r in spec.runs()} == {shipped_configs.config_dir()}
+
+
 def test_shipped_comparison_finds_its_configs_outside_the_checkout(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     spec = CompareSpec.from_yaml(shipped_configs.resolve_config_arg("compare/fmnist_shard2_seeds"))

@@ -111,7 +111,12 @@ class DatasetReader:
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
         )
-        for x, y in loader:
+        # Starting the loader draws its workers' base seed from torch's global generator, which a client's
+        # augmentation and dropout draw from too: put it back, so that streamed data trains as in-memory data does.
+        state = torch.random.get_rng_state()
+        batches = iter(loader)
+        torch.random.set_rng_state(state)
+        for x, y in batches:
             yield x, torch.as_tensor(y).long()
 
     def read(self, indices: Sequence[int], chunk: int = STATS_CHUNK) -> tuple[Tensor, Tensor]:
