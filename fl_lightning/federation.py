@@ -41,7 +41,7 @@ from fl_lightning.core.gpu_memory import GIB, MIB, StackedMemory, fitting_group
 from fl_lightning.core.messages import require
 from fl_lightning.core.models import trainable
 from fl_lightning.core.rounds import RoundPlan, RoundState, num_sampled, process_share
-from fl_lightning.core.run_lock import RunDirClaim
+from fl_lightning.core.run_lock import RunDirClaim, RunDirError
 from fl_lightning.core.rundir import check_resumed_run_dir, rounds_done
 from fl_lightning.core.server import FederatedServer, server_optimizer_of, upgrade_state
 from fl_lightning.core.server_optim import ServerOptimizer
@@ -182,6 +182,7 @@ class Federation(Callback, FederatedServer):
         self._spill: tempfile.TemporaryDirectory[str] | None = None  # client states spilled by a rank other than 0
         self._stage = "fit"  # the Trainer's stage (setup); validate/test/predict leave the run's record alone
         self._monitors: dict[int, tuple[str | None, bool]] = {}  # a method's LR scheduler monitors (setup)
+        self._stop_held = False  # a stop asked for mid-round, held until the round's end (hold_stop)
         quiet_lightning()  # now: the Trainer built next prints its tips and accelerator lines in its constructor
 
     @property
@@ -308,6 +309,7 @@ class Federation(Callback, FederatedServer):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Training really starts (any checkpoint was accepted): mark the run as running, draw the partition."""
         assert self.recorder is not None and self.dm is not None
+        self._stop_held = False
         self.recorder.begin(trainer, self.dm.client_class_counts, trainer.ckpt_path is None, self._engine_note)
         # Lightning logs its own keys (LR monitor, validation, epoch metrics) at this counter: keep it the round.
         set_logged_step(trainer, trainer.current_epoch + 1)
@@ -382,6 +384,7 @@ class Federation(Callback, FederatedServer):
         self.executor.on_batch_end(pl_module, outputs, batch_idx)
         if self._round is not None and self._round.is_last_batch(batch_idx):
             self._end_round(trainer, pl_module)
+        self.hold_stop(trainer)
 
     # ---- reduce, server step, evaluate --------------------------------------------------------------------------
 
@@ -453,20 +456,36 @@ class Federation(Callback, FederatedServer):
                 )
                 self.client_group = fitted
 
-    def say(self, trainer: L.Trainer, message: str) -> None:
-        """Print a line of the run's (above the progress bar, rank 0 only)."""
-        if self.recorder is not None:
-            self.recorder.say(trainer, message)
+    def hold_stop(self, trainer: L.Trainer) -> None:
+        """After a training batch: hold back a stop asked for mid-round; hand it on once the round has ended.
+
+        Called by this callback's own batch end (for the callbacks before it) and by
+        :class:`~fl_lightning.whole_rounds.WholeRounds` (for those after it). A stop that ``min_epochs`` holds back
+        anyway is left alone.
+        """
+        running = self.round_running
+        if running is None:  # the round ended with this batch (or diverged): a stop may take effect
+            if self._stop_held:
+                trainer.should_stop, self._stop_held = True, False
+            return
+        if trainer.should_stop and can_stop_early(trainer):
+            if not self._stop_held and self.recorder is not None:
+                self.recorder.say(trainer, f"round {running}: stop asked for mid-round; the round finishes first")
+            trainer.should_stop, self._stop_held = False, True
 
     def measure_stopped_round(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """A run stopped after a round without an evaluation (``eval_every`` above 1): evaluate and record it.
 
-        The run's last round is always evaluated, however the run ends.
+        A run that stops, completed, after such a round has it evaluated (and checked for divergence), so that its
+        last round is recorded; a failed or interrupted run is not evaluated.
         """
         stops = trainer.should_stop and can_stop_early(trainer)  # not while min_epochs holds the fit
-        if stops and self.recorder is not None and self.recorder.unmeasured:
+        if stops and self.recorder is not None and self.recorder.unmeasured and self.dm is not None:
             if self.recorder.status == "running":
                 self.recorder.measure_late(trainer, self.evaluate(pl_module, trainer))
+                diverged = self.recorder.divergence(self.collapse_rounds, self.dm.test_class_counts)
+                if diverged is not None:
+                    self._stop_diverged(trainer, *diverged)
 
     def _stop_diverged(self, trainer: L.Trainer, round_number: int, reason: str) -> None:
         """End the run as ``diverged`` in ``round_number``: its record says so and the Trainer stops."""
@@ -491,7 +510,7 @@ class Federation(Callback, FederatedServer):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Close the record: completed when every round ran, interrupted when something stopped it early."""
         assert self.recorder is not None
-        self.measure_stopped_round(trainer, pl_module)  # a stop after the checkpoints' hooks (the module's, say)
+        self.measure_stopped_round(trainer, pl_module)  # a stop after the last checkpoint saved (or with none saved)
         self.recorder.add_late_metrics(trainer)
         self.recorder.end(trainer, self.rounds)
 
@@ -524,8 +543,15 @@ class Federation(Callback, FederatedServer):
         """Refuse a checkpoint (of a fit) made with other settings, or a run that is over (its file is checked)."""
         if self._stage == "fit" and self.dm is not None:  # before anything of the run is restored or written
             self.check_resume(checkpoint, pl_module.hparams, self.dm.hparams)
-            # every process that sees the run directory refuses (one alone would leave the others waiting)
-            check_resumed_run_dir(trainer.default_root_dir, self.rounds, rounds_done(checkpoint))
+            refusal = None
+            if trainer.is_global_zero:  # rank 0's run directory decides, for every process (one alone would hang)
+                try:
+                    check_resumed_run_dir(trainer.default_root_dir, self.rounds, rounds_done(checkpoint))
+                except RunDirError as err:
+                    refusal = str(err)
+            refusal = trainer.strategy.broadcast(refusal, src=0)
+            if refusal is not None:
+                raise RunDirError(refusal)
 
     @override
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
@@ -535,7 +561,8 @@ class Federation(Callback, FederatedServer):
         before this one.
         """
         if self.recorder is not None and self._stage == "fit":
-            self.measure_stopped_round(trainer, pl_module)  # a stop set after WholeRounds' epoch end (the module's)
+            # a stop set after WholeRounds' epoch end: the module's own, or EarlyStopping's at the epoch's end
+            self.measure_stopped_round(trainer, pl_module)
             self.recorder.add_late_metrics(trainer)
             state = checkpoint.get("callbacks", {}).get(self.state_key)
             if isinstance(state, dict) and state.get("record") is not None:

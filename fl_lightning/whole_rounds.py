@@ -17,19 +17,12 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback, Checkpoint
 from typing_extensions import override
 
-from fl_lightning.lightning_internals import can_stop_early
-
 
 class Rounds(Protocol):
     """What :class:`WholeRounds` asks of the federation (:class:`~fl_lightning.Federation`)."""
 
-    @property
-    def round_running(self) -> int | None:
-        """The round whose clients are training now (counted from 1), else ``None``."""
-        ...
-
-    def say(self, trainer: L.Trainer, message: str) -> None:
-        """Print a line of the run's."""
+    def hold_stop(self, trainer: L.Trainer) -> None:
+        """Hold back a stop asked for mid-round; hand it on once the round has ended."""
         ...
 
     def measure_stopped_round(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -42,12 +35,10 @@ class WholeRounds(Callback):
 
     def __init__(self, federation: Rounds) -> None:
         self.federation = federation
-        self.deferred = False
         self._timer_lines = _OneTimeLimitLine()
 
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.deferred = False
         self._timer_lines.attach()
 
     @override
@@ -62,16 +53,8 @@ class WholeRounds(Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        """Hold back a stop asked for mid-round; give it back once the round has ended."""
-        running = self.federation.round_running
-        if running is None:  # the round ended with this batch (or diverged): a stop may take effect
-            if self.deferred:
-                trainer.should_stop, self.deferred = True, False
-            return
-        if trainer.should_stop and can_stop_early(trainer):  # else Lightning goes on anyway (min_epochs)
-            if not self.deferred:
-                self.federation.say(trainer, f"round {running}: stop asked for mid-round; the round finishes first")
-            trainer.should_stop, self.deferred = False, True
+        """A stop asked for by the callbacks after the federation's (the federation holds it; it holds its own)."""
+        self.federation.hold_stop(trainer)
 
     @override
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -82,16 +65,20 @@ class WholeRounds(Callback):
 def place_whole_rounds(trainer: L.Trainer, federation: Rounds) -> None:
     """Put ``federation``'s :class:`WholeRounds` after the Trainer's other callbacks, before its checkpoints.
 
-    Called when the datamodule is attached and again at setup, once Lightning has added the module's own
-    ``configure_callbacks`` (after the Trainer's, before the checkpoints it keeps last). Moving it later in the list
-    while Lightning calls a hook on the callbacks (setup) calls that hook on each callback once.
+    Called when the datamodule is attached and again in the federation's ``setup``, once Lightning has added the
+    module's own ``configure_callbacks`` (after the Trainer's, before the checkpoints it keeps last). A
+    :class:`WholeRounds` found before the federation is left where it is: Lightning is calling ``setup`` down the
+    list, and taking out an entry before the current one would skip the next callback's (the federation's own batch
+    end holds the stops of the callbacks before it).
     """
     callbacks: list[Callback] = trainer.callbacks  # type: ignore[attr-defined]  # assigned by Lightning, undeclared
-    ours = [c for c in callbacks if isinstance(c, WholeRounds) and c.federation is federation]
-    for callback in ours:
-        callbacks.remove(callback)
+    ours = [i for i, c in enumerate(callbacks) if isinstance(c, WholeRounds) and c.federation is federation]
+    here = next((i for i, c in enumerate(callbacks) if c is federation), -1)
+    if ours and ours[0] < here:
+        return
+    placed = callbacks.pop(ours[0]) if ours else WholeRounds(federation)
     at = next((i for i, c in enumerate(callbacks) if isinstance(c, Checkpoint)), len(callbacks))
-    callbacks.insert(at, ours[0] if ours else WholeRounds(federation))
+    callbacks.insert(at, placed)
 
 
 class _OneTimeLimitLine(logging.Filter):

@@ -428,6 +428,30 @@ def test_a_stop_held_by_min_epochs_neither_repeats_nor_evaluates_each_round(tmp_
     assert "stop asked for mid-round" not in caplog.text
 
 
+def test_whole_rounds_goes_after_the_other_callbacks_and_never_before_the_federation_moves():
+    """Placed before the checkpoints; one found before the federation stays put (moving it while Lightning calls
+    ``setup`` down the list would skip the next callback's)."""
+    from lightning.pytorch.callbacks import Callback
+
+    from fl_lightning.whole_rounds import WholeRounds, place_whole_rounds
+
+    class Holder:
+        callbacks: list
+
+    fed, other, ckpt = Federation(rounds=2), Callback(), ModelCheckpoint()
+    trainer = Holder()
+    trainer.callbacks = [fed, other, ckpt]
+    place_whole_rounds(trainer, fed)
+    assert [type(c) for c in trainer.callbacks] == [Federation, Callback, WholeRounds, ModelCheckpoint]
+    ours = trainer.callbacks[2]
+    trainer.callbacks = [fed, ours, other, ckpt]  # the module's configure_callbacks came after it
+    place_whole_rounds(trainer, fed)
+    assert trainer.callbacks == [fed, other, ours, ckpt]
+    trainer.callbacks = [ours, fed, other, ckpt]  # a second fit whose module returns the federation
+    place_whole_rounds(trainer, fed)
+    assert trainer.callbacks == [ours, fed, other, ckpt]
+
+
 # ---- other callbacks, checkpoints, logger steps -------------------------------------------------------------------
 
 
