@@ -195,11 +195,6 @@ class Federation(Callback, FederatedServer):
         """``running``, or how the run ended: ``completed``, ``diverged``, ``interrupted`` or ``failed``."""
         return self.recorder.status if self.recorder is not None else "running"
 
-    @property
-    def round_running(self) -> int | None:
-        """The round (counted from 1) whose clients are training now: begun, not yet ended; else ``None``."""
-        return self._round.plan.round + 1 if self._round is not None else None
-
     # ---- planning (see fl_lightning.core.server) ---------------------------------------------------------------------
 
     def plan(self, round_idx: int) -> RoundPlan:
@@ -463,13 +458,13 @@ class Federation(Callback, FederatedServer):
         :class:`~fl_lightning.whole_rounds.WholeRounds` (for those after it). A stop that ``min_epochs`` holds back
         anyway is left alone.
         """
-        running = self.round_running
-        if running is None:  # the round ended with this batch (or diverged): a stop may take effect
+        if self._round is None:  # the round ended with this batch (or diverged): a stop may take effect
             if self._stop_held:
                 trainer.should_stop, self._stop_held = True, False
             return
         if trainer.should_stop and can_stop_early(trainer):
             if not self._stop_held and self.recorder is not None:
+                running = self._round.plan.round + 1
                 self.recorder.say(trainer, f"round {running}: stop asked for mid-round; the round finishes first")
             trainer.should_stop, self._stop_held = False, True
 

@@ -160,13 +160,17 @@ def test_datamodule_is_attached_before_the_fit_loop_reads_max_epochs(tmp_path):
     )
 
 
-def test_counting_optimizer_steps_advances_global_step(tmp_path):
-    class Manual(_Tiny):
-        """Manual optimization, as fl_lightning's methods: a training batch takes 3 counted steps, none applied."""
+class _ManualTiny(_Tiny):
+    """``_Tiny`` with manual optimization, as fl_lightning's methods."""
 
-        def __init__(self) -> None:
-            super().__init__()
-            self.automatic_optimization = False
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+
+
+def test_counting_optimizer_steps_advances_global_step(tmp_path):
+    class Manual(_ManualTiny):
+        """A training batch takes 3 counted steps, none applied."""
 
         def training_step(self, batch: Any, batch_idx: int) -> None:
             count_optimizer_steps(self.optimizers(), 3)
@@ -227,11 +231,7 @@ def test_set_logged_batch_size_weights_an_epoch_mean(tmp_path):
 
 
 def test_scheduler_monitors_survive_manual_optimization(tmp_path):
-    class Manual(_Tiny):
-        def __init__(self) -> None:
-            super().__init__()
-            self.automatic_optimization = False
-
+    class Manual(_ManualTiny):
         def training_step(self, batch: Any, batch_idx: int) -> None:
             return None
 
