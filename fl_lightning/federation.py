@@ -401,6 +401,22 @@ class Federation(Callback, FederatedServer):
         self.recorder.end_round(trainer, rnd, result, self.client_states)
         self._round = None
 
+    def _check_round_ended(self) -> None:
+        """Refuse to go on when the module ended the epoch before the round's last batch."""
+        if self._round is not None:
+            raise RuntimeError(
+                f"the fit stopped in the middle of round {self._round.plan.round + 1}: the module set "
+                "trainer.should_stop (or its on_train_batch_start returned -1) before the round's last client was "
+                "trained; a round runs whole, so stop at its end instead (in on_train_epoch_end, or from a callback, "
+                "whose stop waits for the round's end); the run resumes from the last finished round"
+            )
+
+    @override
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """A fit validates once a round has ended; never one client's local weights in the middle of a round."""
+        if self._stage == "fit":
+            self._check_round_ended()
+
     @override
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Record the evaluated round (with any validation metrics of its global model) and step LR schedulers.
@@ -409,13 +425,7 @@ class Federation(Callback, FederatedServer):
         callback for the methods' manual optimization (which Lightning leaves alone).
         """
         assert self.recorder is not None and self.dm is not None
-        if self._round is not None:  # the module ended the epoch before the round's last batch
-            raise RuntimeError(
-                f"the fit stopped in the middle of round {self._round.plan.round + 1}: the module set "
-                "trainer.should_stop (or its on_train_batch_start returned -1) before the round's last client was "
-                "trained; a round runs whole, so stop at its end instead (in on_train_epoch_end, or from a callback, "
-                "whose stop waits for the round's end); the run resumes from the last finished round"
-            )
+        self._check_round_ended()
         # Lightning logs a round's epoch metrics at this counter minus one, and the next LR monitor reading at it.
         set_logged_step(trainer, trainer.current_epoch + 2)
         if self.recorder.record_measured(trainer):

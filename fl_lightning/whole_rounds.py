@@ -66,19 +66,17 @@ def place_whole_rounds(trainer: L.Trainer, federation: Rounds) -> None:
     """Put ``federation``'s :class:`WholeRounds` after the Trainer's other callbacks, before its checkpoints.
 
     Called when the datamodule is attached and again in the federation's ``setup``, once Lightning has added the
-    module's own ``configure_callbacks`` (after the Trainer's, before the checkpoints it keeps last). A
-    :class:`WholeRounds` found before the federation is left where it is: Lightning is calling ``setup`` down the
-    list, and taking out an entry before the current one would skip the next callback's (the federation's own batch
-    end holds the stops of the callbacks before it).
+    module's own ``configure_callbacks`` (after the Trainer's, before the checkpoints it keeps last). The Trainer gets
+    a new list: Lightning may be calling ``setup`` down the old one, which goes on as it was (changing that list in
+    place would skip or repeat a callback's hook).
     """
     callbacks: list[Callback] = trainer.callbacks  # type: ignore[attr-defined]  # assigned by Lightning, undeclared
-    ours = [i for i, c in enumerate(callbacks) if isinstance(c, WholeRounds) and c.federation is federation]
-    here = next((i for i, c in enumerate(callbacks) if c is federation), -1)
-    if ours and ours[0] < here:
-        return
-    placed = callbacks.pop(ours[0]) if ours else WholeRounds(federation)
-    at = next((i for i, c in enumerate(callbacks) if isinstance(c, Checkpoint)), len(callbacks))
-    callbacks.insert(at, placed)
+    ours = next((c for c in callbacks if isinstance(c, WholeRounds) and c.federation is federation), None)
+    others = [c for c in callbacks if c is not ours]
+    at = next((i for i, c in enumerate(others) if isinstance(c, Checkpoint)), len(others))
+    placed = [*others[:at], ours if ours is not None else WholeRounds(federation), *others[at:]]
+    if placed != callbacks:
+        trainer.callbacks = placed  # type: ignore[attr-defined]
 
 
 class _OneTimeLimitLine(logging.Filter):

@@ -1,4 +1,6 @@
 import os
+import signal
+import threading
 import warnings
 
 import pytest
@@ -20,6 +22,28 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_restored():
+    """Every test leaves SIGINT's and SIGTERM's handlers as it found them; one that does not fails, naming them.
+
+    The in-process signal tests need Ctrl-C to raise KeyboardInterrupt: a handler left behind by an earlier test in
+    the same worker (Lightning ignores SIGINT after a KeyboardInterrupt in a fit) would make them fail far from the
+    cause. The handlers are put back either way.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signums = (signal.SIGINT, signal.SIGTERM)
+    before = {s: signal.getsignal(s) for s in signums}
+    yield
+    left = {s: h for s, h in ((s, signal.getsignal(s)) for s in signums) if h is not before[s]}
+    for s in left:
+        signal.signal(s, before[s] if before[s] is not None else signal.SIG_DFL)
+    if left:
+        names = ", ".join(f"{signal.Signals(s).name} = {h!r}" for s, h in left.items())
+        pytest.fail(f"the test left a signal handler changed: {names} (restored)", pytrace=False)
 
 
 @pytest.fixture

@@ -277,10 +277,24 @@ class _StopsItself(FedAvg):
             self.trainer.should_stop = True
 
 
+class _Validations(L.Callback):
+    """The rounds (epochs) whose validation ran."""
+
+    def __init__(self):
+        self.epochs = []
+
+    def on_validation_end(self, trainer, pl_module):
+        self.epochs.append(trainer.current_epoch)
+
+
 def test_a_module_that_stops_mid_round_fails_the_fit_before_its_checkpoint(tmp_path):
-    trainer = bare_trainer(tmp_path, Federation(rounds=3, plots=False), ModelCheckpoint(), enable_checkpointing=True)
+    # Before, in this fit that validates (FedAvg on the holdout), round 2 was validated first: one client's weights.
+    validations = _Validations()
+    fed = Federation(rounds=3, plots=False)
+    trainer = bare_trainer(tmp_path, fed, validations, ModelCheckpoint(), enable_checkpointing=True)
     with pytest.raises(RuntimeError, match=r"the fit stopped in the middle of round 2: the module set"):
         trainer.fit(_model(_StopsItself), datamodule=_dm())
+    assert validations.epochs == [0, 0]  # the sanity check and round 1
     assert read_summary(tmp_path)["status"] == "failed"
     assert torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["epoch"] == 0  # round 1's
 
@@ -428,9 +442,8 @@ def test_a_stop_held_by_min_epochs_neither_repeats_nor_evaluates_each_round(tmp_
     assert "stop asked for mid-round" not in caplog.text
 
 
-def test_whole_rounds_goes_after_the_other_callbacks_and_never_before_the_federation_moves():
-    """Placed before the checkpoints; one found before the federation stays put (moving it while Lightning calls
-    ``setup`` down the list would skip the next callback's)."""
+def test_whole_rounds_goes_after_the_other_callbacks_in_a_new_list():
+    """Placed before the checkpoints, in a list the Trainer gets anew: Lightning may be going down the old one."""
     from lightning.pytorch.callbacks import Callback
 
     from fl_lightning.whole_rounds import WholeRounds, place_whole_rounds
@@ -444,12 +457,38 @@ def test_whole_rounds_goes_after_the_other_callbacks_and_never_before_the_federa
     place_whole_rounds(trainer, fed)
     assert [type(c) for c in trainer.callbacks] == [Federation, Callback, WholeRounds, ModelCheckpoint]
     ours = trainer.callbacks[2]
-    trainer.callbacks = [fed, ours, other, ckpt]  # the module's configure_callbacks came after it
+    for order in ([fed, ours, other, ckpt], [ours, fed, other, ckpt]):  # the module's callbacks; a second fit's
+        trainer.callbacks = old = list(order)
+        place_whole_rounds(trainer, fed)
+        assert trainer.callbacks == [fed, other, ours, ckpt] and old == order
+    placed = trainer.callbacks
     place_whole_rounds(trainer, fed)
-    assert trainer.callbacks == [fed, other, ours, ckpt]
-    trainer.callbacks = [ours, fed, other, ckpt]  # a second fit whose module returns the federation
-    place_whole_rounds(trainer, fed)
-    assert trainer.callbacks == [ours, fed, other, ckpt]
+    assert trainer.callbacks is placed  # nothing to move: the same list
+
+
+class _FederationOfTheModel(FedAvg):
+    """A module whose ``configure_callbacks`` returns its federation and a callback that stops mid-round."""
+
+    def __init__(self, federation: Federation, **kwargs):
+        super().__init__(**kwargs)
+        self.federation = federation
+
+    def configure_callbacks(self):
+        return [self.federation, _StopAfter()]
+
+
+def test_a_stop_mid_round_waits_in_a_fit_after_a_validate_with_the_modules_federation(tmp_path):
+    # Before: the validate left WholeRounds before the federation, the fit's stop was not held, and the fit failed
+    # saying that the module had stopped in the middle of round 2.
+    L.seed_everything(0, verbose=False)
+    model = _FederationOfTheModel(
+        Federation(rounds=3, plots=False), net="lenet", num_classes=10, in_channels=1, image_size=8, lr=0.1
+    )
+    trainer, dm = bare_trainer(tmp_path), _dm()
+    trainer.validate(model, datamodule=dm)
+    trainer.fit(model, datamodule=dm)
+    assert [int(r["round"]) for r in read_metrics(tmp_path)] == [1, 2]
+    assert read_summary(tmp_path)["stopped_early_round"] == 2
 
 
 # ---- other callbacks, checkpoints, logger steps -------------------------------------------------------------------
