@@ -217,7 +217,7 @@ class Federation(Callback, FederatedServer):
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         """Claim the run directory (one fit at a time), check the pieces fit together and prepare the run's record."""
-        self._stage = stage
+        self._stage, self._round = stage, None  # a failed fit's half round is over
         verify_checkpoints_on_load(trainer)  # Lightning restores a checkpoint after setup: checked before it is read
         if stage != "fit":
             return
@@ -414,8 +414,7 @@ class Federation(Callback, FederatedServer):
     @override
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """A fit validates once a round has ended; never one client's local weights in the middle of a round."""
-        if self._stage == "fit":
-            self._check_round_ended()
+        self._check_round_ended()  # None outside a fit's rounds
 
     @override
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -297,6 +297,9 @@ def test_a_module_that_stops_mid_round_fails_the_fit_before_its_checkpoint(tmp_p
     assert validations.epochs == [0, 0]  # the sanity check and round 1
     assert read_summary(tmp_path)["status"] == "failed"
     assert torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["epoch"] == 0  # round 1's
+    # the failed fit's half round is not held against a validate on this Trainer (before, it refused to run)
+    trainer.validate(_model(), datamodule=_dm())
+    assert len(validations.epochs) == 3
 
 
 def test_resuming_an_early_stopped_run_with_its_rounds_is_refused(tmp_path):
