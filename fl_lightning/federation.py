@@ -42,7 +42,7 @@ from fl_lightning.core.messages import require
 from fl_lightning.core.models import trainable
 from fl_lightning.core.rounds import RoundPlan, RoundState, num_sampled, process_share
 from fl_lightning.core.run_lock import RunDirClaim, RunDirError
-from fl_lightning.core.rundir import check_resumed_run_dir, rounds_done
+from fl_lightning.core.rundir import check_resumed_run_dir, rounds_done, run_files
 from fl_lightning.core.server import FederatedServer, server_optimizer_of, upgrade_state
 from fl_lightning.core.server_optim import ServerOptimizer
 from fl_lightning.core.stacked_conv import STACKED_CONVS
@@ -161,13 +161,11 @@ class Federation(Callback, FederatedServer):
             stacked_conv in STACKED_CONVS,
             f"stacked_conv must be one of {', '.join(STACKED_CONVS)}, got {stacked_conv!r}",
         )
-        self.step_capture, self.memory_budget_gb = step_capture, memory_budget_gb
-        self.stacked_conv = stacked_conv
+        self.step_capture, self.memory_budget_gb, self.stacked_conv = step_capture, memory_budget_gb, stacked_conv
         self._budget: float | None = None  # bytes the group is fitted to, when the callback chooses the group size
         self.plots, self.eval_local, self.collapse_rounds = plots, eval_local, collapse_rounds
         self.engine, self.group_size = engine, group_size
-        #: The engine this fit runs (``engine`` resolved at fit start: ``sequential`` or ``batched``).
-        self.engine_used = "sequential"
+        self.engine_used = "sequential"  #: The engine this fit runs (``engine`` resolved at fit start).
         self.client_group: int | None = None  # clients per training batch with the batched engine
         self._engine_note: str | None = None  # what to say about the engine when training starts
         # per-run objects, built in setup
@@ -183,6 +181,7 @@ class Federation(Callback, FederatedServer):
         self._stage = "fit"  # the Trainer's stage (setup); validate/test/predict leave the run's record alone
         self._monitors: dict[int, tuple[str | None, bool]] = {}  # a method's LR scheduler monitors (setup)
         self._stop_held = False  # a stop asked for mid-round, held until the round's end (hold_stop)
+        self._finish_planned = False  # the command line completes a finished run that lacks a file (config.yaml too)
         quiet_lightning()  # now: the Trainer built next prints its tips and accelerator lines in its constructor
 
     @property
@@ -550,7 +549,8 @@ class Federation(Callback, FederatedServer):
             refusal = None
             if trainer.is_global_zero:  # rank 0's run directory decides, for every process (one alone would hang)
                 try:
-                    check_resumed_run_dir(trainer.default_root_dir, self.rounds, rounds_done(checkpoint))
+                    done, files = rounds_done(checkpoint), None if self._finish_planned else run_files(self.plots)
+                    check_resumed_run_dir(trainer.default_root_dir, self.rounds, done, files)
                 except RunDirError as err:
                     refusal = str(err)
             refusal = trainer.strategy.broadcast(refusal, src=0)

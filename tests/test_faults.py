@@ -143,6 +143,14 @@ def test_a_finished_run_with_a_damaged_record_is_finished_by_resume(copy, refere
     assert (copy / "curve.png").exists() and rows(copy) == rows(reference)
 
 
+@pytest.mark.parametrize("lost", ["config.yaml", "partition.csv"])
+def test_a_completed_run_lacking_one_file_is_completed_by_resume(copy, reference, lost):
+    # config.yaml: Lightning writes it again before the Federation looks, which then took the run for whole.
+    (copy / lost).unlink()
+    assert cli.run(fit_args(copy, "--ckpt_path", "last")) == 0
+    assert (copy / lost).exists() and read_summary(copy)["status"] == "completed" and rows(copy) == rows(reference)
+
+
 @pytest.mark.slow
 def test_compare_finishes_a_run_instead_of_retrying_it(tmp_path, capsys):
     # Before: compare resumed the run on every call, the resume exited 4, and compare exited 0.

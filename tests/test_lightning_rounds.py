@@ -319,6 +319,22 @@ def test_resuming_an_early_stopped_run_with_its_rounds_is_refused(tmp_path):
     assert read_summary(tmp_path)["rounds_done"] == 5
 
 
+def test_resuming_a_completed_run_from_python_is_refused_unless_a_file_is_missing(tmp_path):
+    # Before, trainer.fit(..., ckpt_path="last") on a completed run rewrote its summary.json, metrics.csv and plots.
+    bare_trainer(tmp_path, Federation(rounds=2), enable_checkpointing=True).fit(_model(), datamodule=_dm())
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    again = bare_trainer(tmp_path, Federation(rounds=2), enable_checkpointing=True)
+    with pytest.raises(RunDirError, match=r"holds a completed run of 2 rounds; there is nothing to resume \(raise"):
+        again.fit(_model(), datamodule=_dm(), ckpt_path="last")
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
+    (tmp_path / "curve.png").unlink()  # a fault during the final writes: the resume completes the record
+    bare_trainer(tmp_path, Federation(rounds=2), enable_checkpointing=True).fit(
+        _model(), datamodule=_dm(), ckpt_path="last"
+    )
+    assert (tmp_path / "curve.png").exists() and read_summary(tmp_path)["status"] == "completed"
+    assert (tmp_path / "metrics.csv").read_bytes() == before["metrics.csv"]
+
+
 class _Plateau(FedAvg):
     """FedAvg with a ReduceLROnPlateau on ``global/loss`` in ``mode="max"``: a falling test loss halves the LR."""
 

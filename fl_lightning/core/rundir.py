@@ -13,7 +13,7 @@ import inspect
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -433,15 +433,18 @@ def check_fresh_run_dir(run_dir: str | os.PathLike[str]) -> None:
         )
 
 
-def check_resumed_run_dir(run_dir: str | os.PathLike[str], rounds: int, done: int) -> None:
+def run_files(plots: bool) -> list[str]:
+    """The files a finished run of a plain ``trainer.fit`` holds (the command line adds ``config.yaml``)."""
+    return ["summary.json", "metrics.csv", "partition.csv"] + (["curve.png", "partition.png"] if plots else [])
+
+
+def check_resumed_run_dir(run_dir: str | os.PathLike[str], rounds: int, done: int, files: Sequence[str] | None) -> None:
     """A fit that resumes a checkpoint into ``run_dir`` refuses a run that is over (the command line's rule).
 
-    A diverged run has nothing to resume; nor has a completed run that a callback stopped early (its checkpoint
-    ``done`` fewer than its rounds) unless ``rounds`` extends it beyond the rounds it was run with. A completed run
-    whose rounds are all done is let through: Lightning trains nothing, and the record is completed again with any
-    missing file written (a fault during its final writes).
+    A diverged run has nothing to resume; nor has a completed run unless ``rounds`` extends it, or it lacks one of
+    its ``files`` (``None``: the caller found one missing): Lightning then trains nothing and the record is completed.
 
-    >>> check_resumed_run_dir("no/such/run", rounds=3, done=1)  # nothing there: nothing to protect
+    >>> check_resumed_run_dir("no/such/run", rounds=3, done=1, files=run_files(plots=True))  # nothing to protect
     """
     run_dir = Path(run_dir)
     summary = read_summary(run_dir)
@@ -451,10 +454,12 @@ def check_resumed_run_dir(run_dir: str | os.PathLike[str], rounds: int, done: in
             f"{run_dir} holds a diverged run; there is nothing to resume (start a new run in another default_root_dir)"
         )
     planned = int((summary or {}).get("rounds") or 0)
-    if status == "completed" and done < rounds <= planned:
+    complete = files is not None and all((run_dir / name).exists() for name in files)
+    if status == "completed" and 0 < rounds <= planned and (done < rounds or complete):
+        early = f", stopped early after round {done}" if done < rounds else ""
         raise RunDirError(
-            f"{run_dir} holds a completed run of {planned} rounds, stopped early after round {done}; there is nothing "
-            f"to resume (raise rounds above {planned} to extend it, or start a new run in another default_root_dir)"
+            f"{run_dir} holds a completed run of {planned} rounds{early}; there is nothing to resume (raise rounds "
+            f"above {planned} to extend it, or start a new run in another default_root_dir)"
         )
 
 
@@ -562,7 +567,9 @@ def _check_resume(
         raise RunDirError(f"{run_dir} holds a diverged run; there is nothing to resume (pass --overwrite to rerun it)")
     finished = isinstance(rounds, int) and 0 < rounds <= done
     same_rounds = isinstance(rounds, int) and summary and rounds <= int(summary.get("rounds", 0))
-    if status == "completed" and summary and same_rounds and not (finished and _missing_files(run_dir, new_config)):
+    files = [*run_files((new_config.get("federation") or {}).get("plots", True)), "config.yaml"]
+    whole = all((run_dir / name).exists() for name in files)  # else a fault during its final writes, or deleted since
+    if status == "completed" and summary and same_rounds and (whole or not finished):
         raise RunDirError(
             f"{run_dir} holds a completed run of {summary.get('rounds')} rounds; there is nothing to resume "
             "(raise --federation.rounds to extend it, or pass --overwrite to rerun it)"
@@ -598,14 +605,6 @@ def extension_note(summary: Mapping[str, Any] | None, saved: Mapping[str, Any] |
     what = "a completed run" if (summary or {}).get("status") == "completed" else "the run"
     trained = f"round {rounds} is" if done + 1 == rounds else f"rounds {done + 1}-{rounds} are"
     return f"extending {what} from {planned} to {rounds} rounds: {trained} trained, and its results rewritten"
-
-
-def _missing_files(run_dir: Path, config: Mapping[str, Any]) -> list[str]:
-    """The files a finished run lacks (a fault during its final writes, or deleted since)."""
-    wanted = ["summary.json", "metrics.csv", "config.yaml", "partition.csv"]
-    if (config.get("federation") or {}).get("plots", True):
-        wanted += ["curve.png", "partition.png"]
-    return [name for name in wanted if not (run_dir / name).exists()]
 
 
 def move_aside(plan: RunDirPlan) -> Path | None:
