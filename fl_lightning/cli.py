@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fl_lightning import __version__
+from fl_lightning.core.faults import restore_signal_handlers, signal_handlers
 
 if TYPE_CHECKING:
     from fl_lightning.cli_errors import one_line
@@ -171,9 +172,10 @@ def run(args: list[str], overwrite: bool = False, debug: bool = False) -> int:
     from fl_lightning.lightning_cli import RUNNING, cli_main
 
     RUNNING.update(run_dir=None, fitting=False, summary_stamp=None)
-    main_thread = threading.current_thread() is threading.main_thread()
     # Lightning ignores Ctrl-C while it shuts a fit down and may leave it so: restored, with SIGTERM, at the end.
-    previous = (signal.getsignal(signal.SIGINT), signal.signal(signal.SIGTERM, _raise_sigterm)) if main_thread else None
+    previous = signal_handlers()
+    if previous is not None:
+        signal.signal(signal.SIGTERM, _raise_sigterm)
     try:
         cli = cli_main(args, overwrite=overwrite)
     except SIGTERMException:
@@ -201,9 +203,8 @@ def run(args: list[str], overwrite: bool = False, debug: bool = False) -> int:
     finally:
         if _PROCESS["main"]:
             _hold_signals()
-        elif previous is not None:
-            for signum, handler in zip((signal.SIGINT, signal.SIGTERM), previous, strict=True):
-                signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        else:
+            restore_signal_handlers(previous)
     from fl_lightning.core.distributed import end_process_group
 
     end_process_group()
@@ -368,10 +369,9 @@ def main(argv: list[str] | None = None) -> None:
     from Python) the signal handlers and the warning display it found are restored.
     """
     ending = argv is None
-    main_thread = threading.current_thread() is threading.main_thread()
-    previous = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) if main_thread else None
+    previous = signal_handlers()
     shown = warnings.showwarning
-    if main_thread:
+    if previous is not None:
         signal.signal(signal.SIGTERM, _start_up_sigterm)
         signal.signal(signal.SIGINT, signal.default_int_handler)
     _PROCESS["main"] = ending
@@ -386,8 +386,7 @@ def main(argv: list[str] | None = None) -> None:
             _hold_signals()
         else:
             warnings.showwarning = shown
-            for signum, handler in zip((signal.SIGINT, signal.SIGTERM), previous or (), strict=False):
-                signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+            restore_signal_handlers(previous)
         _PROCESS["main"] = False
     sys.exit(code)
 

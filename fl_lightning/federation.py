@@ -181,7 +181,7 @@ class Federation(Callback, FederatedServer):
         self._stage = "fit"  # the Trainer's stage (setup); validate/test/predict leave the run's record alone
         self._monitors: dict[int, tuple[str | None, bool]] = {}  # a method's LR scheduler monitors (setup)
         self._stop_held = False  # a stop asked for mid-round, held until the round's end (hold_stop)
-        self._finish_planned = False  # the command line completes a finished run that lacks a file (config.yaml too)
+        self._files_checked = False  # the command line checked which files a finished run lacks (config.yaml too)
         quiet_lightning()  # now: the Trainer built next prints its tips and accelerator lines in its constructor
 
     @property
@@ -549,7 +549,7 @@ class Federation(Callback, FederatedServer):
             refusal = None
             if trainer.is_global_zero:  # rank 0's run directory decides, for every process (one alone would hang)
                 try:
-                    done, files = rounds_done(checkpoint), None if self._finish_planned else run_files(self.plots)
+                    done, files = rounds_done(checkpoint), None if self._files_checked else run_files(self.plots)
                     check_resumed_run_dir(trainer.default_root_dir, self.rounds, done, files)
                 except RunDirError as err:
                     refusal = str(err)

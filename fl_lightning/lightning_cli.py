@@ -360,11 +360,10 @@ class FLCLI(LightningCLI):
         if plan.message:
             print(f"[fl_lightning] {plan.message}", file=sys.stderr, flush=True)
         move_aside(plan)
-        # A finished run lacking a file (config.yaml, say, which Lightning writes before the callback can look).
-        if plan.action == "finish":
-            for callback in self.trainer.callbacks:  # type: ignore[attr-defined]  # set by Lightning
-                if isinstance(callback, Federation):
-                    callback._finish_planned = True
+        # The plan checked the run's files, config.yaml too (which Lightning writes again before the callback looks).
+        for callback in self.trainer.callbacks:  # type: ignore[attr-defined]  # set by Lightning
+            if isinstance(callback, Federation):
+                callback._files_checked = True
         for logger in self.trainer.loggers:
             if hasattr(logger, "_wandb_init") and logger.save_dir:
                 # W&B looks for a git repository from its folder when the run starts, before the run directory would

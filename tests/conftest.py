@@ -1,10 +1,11 @@
 import os
 import signal
-import threading
 import warnings
 
 import pytest
 import torch
+
+from fl_lightning.core.faults import restore_signal_handlers, signal_handlers
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
@@ -32,15 +33,10 @@ def _signal_handlers_restored():
     the same worker (Lightning ignores SIGINT after a KeyboardInterrupt in a fit) would make them fail far from the
     cause. The handlers are put back either way.
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    signums = (signal.SIGINT, signal.SIGTERM)
-    before = {s: signal.getsignal(s) for s in signums}
+    before = signal_handlers()
     yield
-    left = {s: h for s, h in ((s, signal.getsignal(s)) for s in signums) if h is not before[s]}
-    for s in left:
-        signal.signal(s, before[s] if before[s] is not None else signal.SIG_DFL)
+    left = {s: h for s, h in (signal_handlers() or {}).items() if before is not None and h is not before[s]}
+    restore_signal_handlers(before)
     if left:
         names = ", ".join(f"{signal.Signals(s).name} = {h!r}" for s, h in left.items())
         pytest.fail(f"the test left a signal handler changed: {names} (restored)", pytrace=False)

@@ -1,5 +1,8 @@
 """Signals and a run's last writes: hold SIGINT/SIGTERM while the final files are written, and a test hook.
 
+:func:`signal_handlers` and :func:`restore_signal_handlers` (or :func:`kept_signal_handlers` around a block) put
+back the handlers that code such as Lightning or Ray changes and leaves behind.
+
 :func:`deferred_signals` holds Ctrl-C and SIGTERM while a run writes its final files, so that a signal at that
 moment leaves a whole record (then takes effect); the run has ended by then, and its status says how.
 
@@ -19,8 +22,9 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from typing import Any
 
 MOMENTS = ("after-claim", "after-data-line", "after-last-round", "after-last-checkpoint", "during-final-writes")
 _ENV = "FL_LIGHTNING_FAULT"
@@ -37,6 +41,32 @@ def point(moment: str) -> None:
             os.kill(os.getpid(), getattr(signal, sig.strip() or "SIGTERM"))
 
 
+def signal_handlers(signums: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> dict[int, Any] | None:
+    """These signals' handlers now, for :func:`restore_signal_handlers`; ``None`` outside the main thread.
+
+    Only the main thread can set a handler, so there is nothing to keep elsewhere.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return {s: signal.getsignal(s) for s in signums}
+
+
+def restore_signal_handlers(previous: Mapping[int, Any] | None) -> None:
+    """Put back the handlers :func:`signal_handlers` returned (``None``: nothing to put back)."""
+    for s, handler in (previous or {}).items():
+        signal.signal(s, handler if handler is not None else signal.SIG_DFL)  # None: a handler set outside Python
+
+
+@contextmanager
+def kept_signal_handlers() -> Iterator[None]:
+    """SIGINT's and SIGTERM's handlers after the block are the ones before it."""
+    previous = signal_handlers()
+    try:
+        yield
+    finally:
+        restore_signal_handlers(previous)
+
+
 @contextmanager
 def deferred_signals(
     note: Callable[[str], None] | None = None, signums: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)
@@ -46,18 +76,17 @@ def deferred_signals(
     ``note`` is told the names of the signals that were held, before they are delivered. Outside the main thread
     (where handlers cannot be changed) the block runs unprotected.
     """
-    if threading.current_thread() is not threading.main_thread():
+    previous = signal_handlers(signums)
+    if previous is None:
         yield
         return
     pending: list[int] = []
-    previous = {s: signal.getsignal(s) for s in signums}
     for s in signums:
         signal.signal(s, lambda signum, _frame: pending.append(signum))
     try:
         yield
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+        restore_signal_handlers(previous)
         held = list(dict.fromkeys(pending))
         if held and note is not None:
             note(" and ".join(signal.Signals(s).name for s in held))

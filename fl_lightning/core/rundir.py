@@ -442,7 +442,7 @@ def check_resumed_run_dir(run_dir: str | os.PathLike[str], rounds: int, done: in
     """A fit that resumes a checkpoint into ``run_dir`` refuses a run that is over (the command line's rule).
 
     A diverged run has nothing to resume; nor has a completed run unless ``rounds`` extends it, or it lacks one of
-    its ``files`` (``None``: the caller found one missing): Lightning then trains nothing and the record is completed.
+    its ``files`` (``None``: the caller has checked them): Lightning then trains nothing and the record is completed.
 
     >>> check_resumed_run_dir("no/such/run", rounds=3, done=1, files=run_files(plots=True))  # nothing to protect
     """

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import shlex
-import signal
-import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any
 
 from flwr.simulation import run_simulation
 
+from fl_lightning.core.faults import kept_signal_handlers
 from fl_lightning.flower.client_app import client_app
 from fl_lightning.flower.server_app import FlowerRunError, server_app, server_setup
 
@@ -40,24 +38,10 @@ def simulate(
         "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
         "init_args": {"num_cpus": num_cpus, "num_gpus": 0},
     }
-    with _signal_handlers_kept():
+    with kept_signal_handlers():  # Ray's init leaves SIGTERM calling sys.exit
         run_simulation(server, client_app(config, option_text), setup.datamodule.num_clients, backend_config=backend)
     if not outcome:
         raise FlowerRunError("the simulation ended before the ServerApp ran")
     if isinstance(outcome[0], BaseException):
         raise outcome[0]
     return list(outcome[0])
-
-
-@contextmanager
-def _signal_handlers_kept() -> Iterator[None]:
-    """Put SIGINT's and SIGTERM's handlers back afterwards: Ray's ``init`` leaves SIGTERM calling ``sys.exit``."""
-    if threading.current_thread() is not threading.main_thread():  # only the main thread can set a handler
-        yield
-        return
-    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for signum, handler in before.items():
-            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
