@@ -28,9 +28,10 @@ from typing_extensions import override
 from fl_lightning import rules
 from fl_lightning.checkpoint import verify_checkpoints_on_load
 from fl_lightning.core import faults
+from fl_lightning.core.agreement import check_same_settings, fit_settings
 from fl_lightning.core.context import ServerContext
 from fl_lightning.core.distributed import (
-    all_gather_object,
+    agreed_min,
     end_process_group_at_exit,
     is_distributed,
     rank_and_world,
@@ -181,6 +182,7 @@ class Federation(Callback, FederatedServer):
         self._stage = "fit"  # the Trainer's stage (setup); validate/test/predict leave the run's record alone
         self._monitors: dict[int, tuple[str | None, bool]] = {}  # a method's LR scheduler monitors (setup)
         self._stop_held = False  # a stop asked for mid-round, held until the round's end (hold_stop)
+        self._settings_config: dict[str, Any] | None = None  # the command line's resolved config (the nodes compare)
         self._files_checked = False  # the command line checked which files a finished run lacks (config.yaml too)
         quiet_lightning()  # now: the Trainer built next prints its tips and accelerator lines in its constructor
 
@@ -220,6 +222,10 @@ class Federation(Callback, FederatedServer):
         verify_checkpoints_on_load(trainer)  # Lightning restores a checkpoint after setup: checked before it is read
         if stage != "fit":
             return
+        if is_distributed():  # every node must run the same settings, or it trains another run (or hangs)
+            how = {"engine": self.engine, "group_size": self.group_size, "eval_local": self.eval_local}
+            config = self._settings_config or fit_settings(trainer, pl_module, {**self.settings(), **how})
+            check_same_settings(config, trainer.node_rank)
         if trainer.is_global_zero:  # one fit at a time in a run directory
             self._claim.acquire(trainer.default_root_dir)
         self.client_batches = isinstance(pl_module, FedAvg)
@@ -284,7 +290,7 @@ class Federation(Callback, FederatedServer):
         self._budget = choice.memory_budget
         self.executor, self.engine_used, self.client_group = choice.executor, choice.engine, choice.group_size
         if self._budget is not None:  # chosen from this process's GPU memory: the processes take the smallest
-            self.client_group = _agreed_group(choice.group_size)
+            self.client_group = agreed_min(choice.group_size)
         self.recorder.info["engine"] = choice.engine
         self.recorder.info["step_capture"] = choice.step_capture
         self.recorder.info["stacked_conv"] = self.stacked_conv if choice.engine == "batched" else None
@@ -450,7 +456,7 @@ class Federation(Callback, FederatedServer):
             own = self.client_group
             if memory.per_client > 0:
                 own = fitting_group(self._budget, 0.0, memory.per_client, clients)
-            fitted = _agreed_group(own)
+            fitted = agreed_min(own)
             if fitted != self.client_group:
                 self.recorder.say(
                     trainer,
@@ -591,18 +597,6 @@ class Federation(Callback, FederatedServer):
         if state_dict.get("record") is not None:
             self.recorder.load_state_dict(state_dict["record"])
         self.load_server_state(state_dict)
-
-
-def _agreed_group(group: int | None) -> int | None:
-    """The smallest of the processes' group sizes (all processes must call it together).
-
-    A group size fitted to a process's own GPU memory can differ between processes; with different sizes they train
-    different numbers of training batches per round, and Lightning's per-batch broadcast (its SIGTERM check) then
-    meets another process's end-of-round gather: the fit hangs.
-    """
-    if group is None or not is_distributed():
-        return group
-    return min(all_gather_object(group))
 
 
 def _checked_data(trainer: L.Trainer, pl_module: L.LightningModule, rounds: int) -> FederatedDataModule:

@@ -361,9 +361,10 @@ class FLCLI(LightningCLI):
             print(f"[fl_lightning] {plan.message}", file=sys.stderr, flush=True)
         move_aside(plan)
         # The plan checked the run's files, config.yaml too (which Lightning writes again before the callback looks).
+        settings = self.resolved_dict(self.config[self.subcommand])  # what the nodes of a run compare at its start
         for callback in self.trainer.callbacks:  # type: ignore[attr-defined]  # set by Lightning
             if isinstance(callback, Federation):
-                callback._files_checked = True
+                callback._files_checked, callback._settings_config = True, settings
         for logger in self.trainer.loggers:
             if hasattr(logger, "_wandb_init") and logger.save_dir:
                 # W&B looks for a git repository from its folder when the run starts, before the run directory would

@@ -38,7 +38,9 @@ def _env(**extra: str) -> dict[str, str]:
     return {**env, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", **extra}
 
 
-def _two_nodes(run_dir: Path, node_env: dict[int, dict[str, str]] | None = None) -> tuple[list[int], list[str], float]:
+def _two_nodes(
+    run_dir: Path, node_env: dict[int, dict[str, str]] | None = None, node_args: dict[int, list[str]] | None = None
+) -> tuple[list[int], list[str], float]:
     port = _free_port()
     procs = []
     start = time.monotonic()
@@ -50,6 +52,7 @@ def _two_nodes(run_dir: Path, node_env: dict[int, dict[str, str]] | None = None)
             *FIT, *QUIET,
             "--trainer.devices", "1", "--trainer.num_nodes", "2", "--trainer.strategy", "ddp",
             "--trainer.accelerator", "cpu", "--trainer.default_root_dir", str(run_dir),
+            *(node_args or {}).get(rank, []),
         ]  # fmt: skip
         env = _env(**(node_env or {}).get(rank, {}))
         out = subprocess.PIPE
@@ -254,3 +257,82 @@ def test_the_callback_arranges_the_end_with_several_processes_only(
     monkeypatch.setattr(federation, "is_distributed", lambda: True)  # as in each of several processes
     tiny_run(tmp_path / "several", rounds=1)
     assert arranged == [True]
+
+
+# ---- the nodes' settings agree ---------------------------------------------------------------------------------------
+
+
+def test_the_settings_fingerprint_leaves_out_what_a_node_may_have_of_its_own() -> None:
+    from fl_lightning.core.agreement import differences, settings_fingerprint
+
+    base = {
+        "seed_everything": 0,
+        "data": {"root": "/data/a", "download": True, "alpha": 0.5, "num_workers": 2},
+        "federation": {"rounds": 2},
+        "trainer": {"default_root_dir": "/mnt/a/run", "logger": {"save_dir": "/a"}, "enable_progress_bar": True},
+        "ckpt_path": "/mnt/a/run/checkpoints/last.ckpt",
+    }
+    other = {
+        "seed_everything": 0,
+        "data": {"root": "/data/b", "download": False, "alpha": 0.5, "num_workers": 0},
+        "federation": {"rounds": 2.0},  # the same number
+        "trainer": {"default_root_dir": "/mnt/b/run", "logger": False, "enable_progress_bar": False},
+        "ckpt_path": "/mnt/b/run/checkpoints/last.ckpt",  # another mount of the same run: both resume
+    }
+    assert differences(settings_fingerprint(base), settings_fingerprint(other)) == []
+    fresh = {**other, "ckpt_path": None, "seed_everything": 1, "federation": {"rounds": 3}}
+    assert differences(settings_fingerprint(base), settings_fingerprint(fresh)) == [
+        "ckpt_path: resume -> fresh",
+        "federation.rounds: 2 -> 3",
+        "seed_everything: 0 -> 1",
+    ]
+
+
+def test_nodes_with_other_settings_are_refused_on_every_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What each rank does with the gathered fingerprints (the gather itself runs in the two-node test below)."""
+    from fl_lightning.core import agreement
+    from fl_lightning.core.agreement import settings_fingerprint
+
+    config = {"seed_everything": 0, "federation": {"rounds": 2}, "model": {"init_args": {"lr": 0.1}}}
+    node1 = {"seed_everything": 0, "federation": {"rounds": 3}, "model": {"init_args": {"lr": 0.1}}}
+    monkeypatch.setattr(agreement, "is_distributed", lambda: True)
+    monkeypatch.setattr(agreement, "all_gather_object", lambda own: [own, (1, settings_fingerprint(node1))])
+    with pytest.raises(ValueError) as err:
+        agreement.check_same_settings(config, 0)
+    line = str(err.value)
+    assert "\n" not in line and line.startswith(
+        "rank 1 (node 1) was started with other settings than rank 0 (node 0): federation.rounds: 2 -> 3 (rank 0's"
+    ), line
+    assert "start every node with the same command line" in line and "data.root" in line, line
+    monkeypatch.setattr(agreement, "all_gather_object", lambda own: [own, own])
+    agreement.check_same_settings(config, 0)  # the same settings: no refusal
+
+
+def test_a_fit_from_python_compares_its_live_settings() -> None:
+    """Without a command line, the nodes compare the module's, the data's, the federation's and the Trainer's."""
+    from types import SimpleNamespace
+
+    from fl_lightning.core.agreement import differences, fit_settings, settings_fingerprint
+
+    def settings(lr: float, seed: int) -> dict[str, str]:
+        module = SimpleNamespace(hparams={"lr": lr, "net": object()})  # an object: named by its class, not its address
+        trainer = SimpleNamespace(datamodule=SimpleNamespace(hparams={"root": "/x", "seed": seed}), precision="32")
+        return settings_fingerprint(fit_settings(trainer, module, {"rounds": 2}))
+
+    assert differences(settings(0.1, 0), settings(0.1, 0)) == []
+    assert differences(settings(0.1, 0), settings(0.2, 1)) == ["data.seed: 0 -> 1", "model.init_args.lr: 0.1 -> 0.2"]
+
+
+@pytest.mark.slow
+def test_nodes_started_with_other_settings_are_refused(tmp_path: Path) -> None:
+    codes, outputs, wall = _two_nodes(tmp_path / "run", node_args={1: ["--seed_everything", "1"]})
+    # torchrun exits 1 for any worker that failed; its report names the worker's own exit code (2: bad input)
+    assert codes == [1, 1], "\n---\n".join(out[-2000:] for out in outputs)
+    for out in outputs:
+        said = [line for line in out.splitlines() if line.startswith("error: ")]
+        assert len(said) == 1, out[-3000:]
+        assert said[0].startswith("error: rank 1 (node 1) was started with other settings than rank 0 (node 0): ")
+        assert "seed_everything: 0 -> 1" in said[0], said
+        assert "exitcode  : 2" in out, out[-2000:]
+    assert wall < 60
+    assert not (tmp_path / "run" / "summary.json").exists()

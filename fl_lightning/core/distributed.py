@@ -109,6 +109,18 @@ def all_gather_object(obj: Any) -> list[Any]:
     return out
 
 
+def agreed_min(value: int | None) -> int | None:
+    """The smallest of the processes' ``value`` (all processes must call it together; ``None`` stays ``None``).
+
+    A group size fitted to a process's own GPU memory can differ between processes; with different sizes they train
+    different numbers of training batches per round, and Lightning's per-batch broadcast (its SIGTERM check) then
+    meets another process's end-of-round gather: the fit hangs.
+    """
+    if value is None or not is_distributed():
+        return value
+    return min(all_gather_object(value))
+
+
 def to_device(tree: Any, device: torch.device | str) -> Any:
     """``tree`` (dicts, lists, tuples and named tuples of tensors) with every tensor moved to ``device``.
 
