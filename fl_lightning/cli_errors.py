@@ -42,6 +42,12 @@ def one_line(err: BaseException) -> str:
         return lines[0]
     if isinstance(err, ArgumentError) or type(err).__name__ == "ArgumentError":
         return _parser_line(lines)
+    waited = re.search(r"Timed out waiting (\d+)ms for \w+ operation", text)  # gloo's process-group timeout
+    if waited is not None:
+        return (
+            f"another process did not answer within {int(waited.group(1)) / 1000:g}s (a node that stopped, froze or "
+            "is far slower than this one): check every node, or raise --federation.process_timeout"
+        )
     if isinstance(err, FileNotFoundError) and len(lines) > 1:
         return " ".join(lines)  # the searched paths and how to get the data belong to the one message
     return lines[0]

@@ -39,7 +39,7 @@ from fl_lightning.core.distributed import (
 )
 from fl_lightning.core.evaluation import Evaluation
 from fl_lightning.core.gpu_memory import GIB, MIB, StackedMemory, fitting_group
-from fl_lightning.core.messages import require
+from fl_lightning.core.messages import require, require_one_of
 from fl_lightning.core.models import trainable
 from fl_lightning.core.rounds import RoundPlan, RoundState, num_sampled, process_share
 from fl_lightning.core.run_lock import RunDirClaim, RunDirError
@@ -56,6 +56,7 @@ from fl_lightning.lightning_internals import (
     keep_scheduler_monitors,
     restore_scheduler_monitors,
     set_logged_step,
+    set_process_group_timeout,
 )
 from fl_lightning.module import FedAvg, FederatedHooks, round_payload
 from fl_lightning.progress import quiet_lightning, use_round_bars
@@ -118,6 +119,9 @@ class Federation(Callback, FederatedServer):
             a prediction that ignores its input reaches (the test labels' entropy, ln C when balanced: a model whose
             loss falls below it is learning) in this many evaluated rounds in a row; the divergence round is the
             first of them (``None``: never; never for a one-class test set).
+        process_timeout: with several processes (a DDP strategy), the seconds a process waits in a collective (the
+            round's reduce, a broadcast) for the others before it fails with an error (``None``: torch's 30 minutes).
+            A timeout given to the ``DDPStrategy`` itself is kept.
     """
 
     def __init__(
@@ -142,27 +146,26 @@ class Federation(Callback, FederatedServer):
         step_capture: str = "auto",
         memory_budget_gb: float | None = None,
         stacked_conv: str = "grouped",
+        process_timeout: float | None = 300.0,
     ) -> None:
         opt = server_optimizer_of(server_optimizer, server_lr, server_momentum)
         FederatedServer.__init__(
             self, rounds, sample_ratio, local_epochs, aggregation, lr_decay, eval_every, seed, opt, client_state_mb
         )
         require(collapse_rounds is None or collapse_rounds > 0, f"collapse_rounds must be >= 1, got {collapse_rounds}")
-        require(engine in ENGINES, f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+        require_one_of("engine", engine, ENGINES)
         require(group_size is None or group_size >= 1, f"group_size must be at least 1 (or None), got {group_size}")
-        require(
-            step_capture in CAPTURE_MODES,
-            f"step_capture must be one of {', '.join(CAPTURE_MODES)}, got {step_capture!r}",
-        )
+        require_one_of("step_capture", step_capture, CAPTURE_MODES)
         require(
             memory_budget_gb is None or memory_budget_gb > 0,
             f"memory_budget_gb must be above 0 (or None), got {memory_budget_gb}",
         )
+        require_one_of("stacked_conv", stacked_conv, STACKED_CONVS)
         require(
-            stacked_conv in STACKED_CONVS,
-            f"stacked_conv must be one of {', '.join(STACKED_CONVS)}, got {stacked_conv!r}",
+            process_timeout is None or process_timeout > 0, f"process_timeout must be above 0, got {process_timeout}"
         )
         self.step_capture, self.memory_budget_gb, self.stacked_conv = step_capture, memory_budget_gb, stacked_conv
+        self.process_timeout = process_timeout
         self._budget: float | None = None  # bytes the group is fitted to, when the callback chooses the group size
         self.plots, self.eval_local, self.collapse_rounds = plots, eval_local, collapse_rounds
         self.engine, self.group_size = engine, group_size
@@ -212,6 +215,8 @@ class Federation(Callback, FederatedServer):
     def prepare_trainer(self, trainer: L.Trainer) -> None:
         """Called by the datamodule when attached, before Lightning reads ``max_epochs`` or resolves ``ckpt_path``."""
         rules.prepare_trainer(trainer, self.rounds)
+        if self.process_timeout is not None:  # before Lightning starts the process group
+            set_process_group_timeout(trainer, self.process_timeout)
         place_whole_rounds(trainer, self)
         use_round_bars(trainer)  # before any hook: Lightning's own progress bars count rounds and clients
 

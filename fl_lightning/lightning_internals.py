@@ -26,6 +26,7 @@ __all__ = [
     "rich_bar_settings",
     "set_logged_batch_size",
     "set_logged_step",
+    "set_process_group_timeout",
     "step_only_logged_names",
 ]
 
@@ -57,6 +58,28 @@ def set_logged_step(trainer: L.Trainer, step: int) -> None:
     Lightning's logger connector logs at ``fit_loop.epoch_loop._batches_that_stepped``; a federation logs by round.
     """
     trainer.fit_loop.epoch_loop._batches_that_stepped = step
+
+
+def set_process_group_timeout(trainer: L.Trainer, seconds: float) -> bool:
+    """Give a DDP strategy whose process group is not started yet ``seconds`` as its timeout; whether it did.
+
+    Lightning keeps the timeout it passes to ``init_process_group`` as ``DDPStrategy._timeout`` (by default torch's
+    30 minutes); with gloo it bounds every collective, so that a frozen process fails the others instead of holding
+    them. A timeout given to the strategy itself (``DDPStrategy(timeout=...)``: any other than the default) is kept.
+    """
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+    from lightning.pytorch.strategies import DDPStrategy
+
+    strategy = trainer.strategy
+    if not isinstance(strategy, DDPStrategy) or (dist.is_available() and dist.is_initialized()):
+        return False
+    if strategy._timeout != default_pg_timeout:
+        return False
+    strategy._timeout = timedelta(seconds=seconds)
+    return True
 
 
 def set_logged_batch_size(module: L.LightningModule, size: int) -> None:

@@ -27,6 +27,7 @@ from fl_lightning.lightning_internals import (
     rich_bar_settings,
     set_logged_batch_size,
     set_logged_step,
+    set_process_group_timeout,
     step_only_logged_names,
 )
 
@@ -253,3 +254,20 @@ def test_scheduler_monitors_survive_manual_optimization(tmp_path):
     _trainer(tmp_path, logger=False, callbacks=[Read()]).fit(module, _loader())
     assert seen == [("m", False, True)], f"Lightning's manual-optimization scheduler configs changed: {seen}"
     assert "configure_optimizers" not in vars(module)  # the wrapper removed itself
+
+
+def test_the_process_group_timeout_is_the_ddp_strategys_own() -> None:
+    """``DDPStrategy._timeout`` is what Lightning passes to ``init_process_group``; one given to the strategy stays."""
+    from datetime import timedelta
+
+    from lightning.pytorch.strategies import DDPStrategy
+
+    from fl_lightning import Federation
+
+    trainer = L.Trainer(accelerator="cpu", devices=1, strategy=DDPStrategy(), logger=False)
+    assert set_process_group_timeout(trainer, Federation().process_timeout or 0) is True
+    assert trainer.strategy._timeout == timedelta(seconds=300)
+    own = L.Trainer(accelerator="cpu", devices=1, strategy=DDPStrategy(timeout=timedelta(seconds=7)), logger=False)
+    assert set_process_group_timeout(own, 60) is False and own.strategy._timeout == timedelta(seconds=7)
+    single = L.Trainer(accelerator="cpu", devices=1, logger=False)
+    assert set_process_group_timeout(single, 60) is False  # one process: no group

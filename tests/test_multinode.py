@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -38,12 +39,29 @@ def _env(**extra: str) -> dict[str, str]:
     return {**env, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", **extra}
 
 
-def _two_nodes(
+def _descendants(pid: int) -> list[int]:
+    """The processes below ``pid`` (children first found, then theirs), read from ``/proc``."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _start_nodes(
     run_dir: Path, node_env: dict[int, dict[str, str]] | None = None, node_args: dict[int, list[str]] | None = None
-) -> tuple[list[int], list[str], float]:
+) -> list[subprocess.Popen[str]]:
+    """Two torchrun launchers (one process each), each in a session of its own (its group can be killed)."""
     port = _free_port()
     procs = []
-    start = time.monotonic()
     for rank in (0, 1):
         cmd = [
             *TORCHRUN,
@@ -56,14 +74,26 @@ def _two_nodes(
         ]  # fmt: skip
         env = _env(**(node_env or {}).get(rank, {}))
         out = subprocess.PIPE
-        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, text=True))
+        procs.append(
+            subprocess.Popen(
+                cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True
+            )
+        )
+    return procs
+
+
+def _two_nodes(
+    run_dir: Path, node_env: dict[int, dict[str, str]] | None = None, node_args: dict[int, list[str]] | None = None
+) -> tuple[list[int], list[str], float]:
+    start = time.monotonic()
+    procs = _start_nodes(run_dir, node_env, node_args)
     outputs, codes = [], []
     for proc in procs:
         try:
             out, _ = proc.communicate(timeout=LIMIT_S)
         except subprocess.TimeoutExpired:
             for p in procs:
-                p.kill()
+                os.killpg(p.pid, signal.SIGKILL)
             said = "\n---\n".join((p.communicate()[0] or "")[-3000:] for p in procs)
             raise AssertionError(f"a node did not exit within {LIMIT_S} s:\n{said}") from None
         outputs.append(out)
@@ -336,3 +366,37 @@ def test_nodes_started_with_other_settings_are_refused(tmp_path: Path) -> None:
         assert "exitcode  : 2" in out, out[-2000:]
     assert wall < 60
     assert not (tmp_path / "run" / "summary.json").exists()
+
+
+@pytest.mark.slow
+def test_a_frozen_node_fails_the_other_within_the_process_timeout(tmp_path: Path) -> None:
+    """Node 1 stops itself (SIGSTOP, as a frozen machine) once its data is set up; node 0 fails at its next collective
+    within ``--federation.process_timeout``, saying so, instead of waiting torch's 30 minutes."""
+    limit = ["--federation.process_timeout", "5"]
+    start = time.monotonic()
+    procs = _start_nodes(tmp_path / "run", {1: {"FL_LIGHTNING_FAULT": "after-data-line:SIGSTOP"}}, {0: limit, 1: limit})
+    try:
+        out, _ = procs[0].communicate(timeout=LIMIT_S)
+        wall = time.monotonic() - start
+    finally:
+        for proc in procs:  # node 1's launcher and its stopped process (torchrun starts it in a group of its own)
+            for pid in [*_descendants(proc.pid), proc.pid]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            proc.communicate(timeout=60)
+    assert procs[0].returncode != 0, out[-3000:]
+    said = [line for line in out.splitlines() if line.startswith("error: ")]
+    assert said and "another process did not answer within 5s" in said[0], out[-3000:]
+    assert "--federation.process_timeout" in said[0], said
+    assert wall < 90, wall
+    print(f"node 0 failed after {wall:.1f}s: {said[0]}")
+
+
+def test_the_process_group_timeout_says_what_to_change() -> None:
+    from fl_lightning.cli_errors import one_line
+
+    gloo = RuntimeError("[../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 300000ms for recv operation")
+    line = one_line(gloo)
+    assert line.startswith("another process did not answer within 300s") and "--federation.process_timeout" in line

@@ -8,9 +8,10 @@ r"""One-line messages: what an error says about a value or another error, on one
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["first_line", "require", "short"]
+__all__ = ["first_line", "require", "require_one_of", "short"]
 
 
 def first_line(err: BaseException) -> str:
@@ -29,3 +30,8 @@ def require(ok: bool, message: str) -> None:
     """Raise ``ValueError(message)`` unless ``ok`` (an argument's check: ``message`` says what to change)."""
     if not ok:
         raise ValueError(message)
+
+
+def require_one_of(name: str, value: Any, choices: Sequence[str]) -> None:
+    """Raise ``ValueError`` unless ``value`` is one of ``choices``: ``<name> must be one of a, b, got 'c'``."""
+    require(value in choices, f"{name} must be one of {', '.join(choices)}, got {value!r}")

@@ -43,6 +43,7 @@ FREE_KEYS: tuple[str, ...] = (
     "federation.group_size",
     "federation.step_capture",  # how the batched engine's step runs: the same step, up to float rounding
     "federation.memory_budget_gb",
+    "federation.process_timeout",  # how long processes wait for each other
     "federation.stacked_conv",  # how the batched engine's convolutions run: the same ones, up to float rounding
 )
 #: Trainer settings that change the numbers a run produces.
