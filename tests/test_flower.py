@@ -164,10 +164,25 @@ def _run_in_process(tmp_path: Path, server_options: list[str], client_options: l
         (
             _nodes(),
             [[], [], ["--data.alpha", "0.3"]],
-            "node 3 holds ",
+            "node 3 (partition 2) was started with other settings than the server: data.alpha: 0.5 -> 0.3 (the "
+            "server's -> the node's); give every node the run's options (only data.root, data.download, ",
+        ),
+        (
+            _nodes(),
+            [[], ["--model.lr", "0.1", "--seed_everything", "3"], []],
+            "node 2 (partition 1) was started with other settings than the server: model.init_args.lr: 0.05 -> 0.1; "
+            "seed_everything: 0 -> 3 (the server's -> the node's)",
         ),
     ],
-    ids=["partition-outside", "method-mismatch", "no-data", "doubled-partition", "other-federation", "other-data"],
+    ids=[
+        "partition-outside",
+        "method-mismatch",
+        "no-data",
+        "doubled-partition",
+        "other-federation",
+        "other-data",
+        "other-lr-and-seed",
+    ],
 )
 def test_bad_input_one_line_nothing_written(configs, client_extra, line, tmp_path: Path) -> None:
     from fl_lightning.flower.server_app import FlowerRunError

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import cast
+from dataclasses import dataclass, field
+from typing import Any, cast
 
 import lightning as L
 
@@ -31,6 +31,8 @@ class FlowerSetup:
     module: L.LightningModule
     datamodule: FederatedDataModule
     federation: Federation
+    #: The resolved config (as ``config.yaml`` would hold it): what a node and the server compare before the rounds.
+    config: dict[str, Any] = field(default_factory=dict)
 
     @property
     def hooks(self) -> FederatedHooks | None:
@@ -74,7 +76,7 @@ def build(config: str, options: str | Sequence[str] | None = None) -> FlowerSetu
         )
     if not isinstance(datamodule, FederatedDataModule):
         raise ValueError(f"the Flower apps need a FederatedDataModule, got {type(datamodule).__name__}")
-    setup = FlowerSetup(trainer, module, datamodule, federations[0])
+    setup = FlowerSetup(trainer, module, datamodule, federations[0], cli.resolved_dict(cli.config))
     attach(setup)
     return setup
 

@@ -5,7 +5,9 @@ A SuperNode holds one client of the federation: its ``--node-config`` names the 
 sets both for each virtual node. The node builds the federation from the run's config (:mod:`.build`) and trains
 only its own partition. It answers two messages:
 
-- ``query`` (before the first round): its partition, its number of samples and its method, or the one-line reason
+- ``query`` (before the first round): its partition, its number of samples, its method and its settings'
+  fingerprint (:func:`~fl_lightning.core.agreement.settings_fingerprint`, which the server compares with its own), or
+  the one-line reason
   it cannot take part (a partition outside the federation, no data for its partition, a config of another method);
 - ``train``: the round's global weights, the method's payload and the client's part of the plan in; the local
   weights, the method's upload and the mean training loss out. The update runs through
@@ -22,6 +24,7 @@ own (``options="--data.root /data/site-3"``), read after the run's.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -31,6 +34,7 @@ from flwr.clientapp import ClientApp
 from torch import Tensor
 
 from fl_lightning import rules
+from fl_lightning.core.agreement import settings_fingerprint
 from fl_lightning.core.batches import ClientBatches
 from fl_lightning.core.rounds import RoundPlan, RoundState
 from fl_lightning.core.state import ClientStateStore
@@ -175,6 +179,7 @@ def client_app(config: str | None = None, options: str | None = None) -> ClientA
         setup = setup_of(context)
         problem = partition_problem(setup, partition, parts)
         info: dict[str, Any] = {"partition": partition, "method": setup.method_name}
+        info["settings"] = json.dumps(settings_fingerprint(setup.config, science_only=True))
         if problem is not None:
             info["problem"] = problem
         else:

@@ -31,6 +31,7 @@ nodes. ``summary.json`` says so (``"resumable": false``); a restarted ServerApp 
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -41,6 +42,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from fl_lightning import rules
+from fl_lightning.core.agreement import PER_NODE_KEYS, SHOWN, differences, settings_fingerprint
 from fl_lightning.core.models import trainable
 from fl_lightning.core.rounds import RoundPlan, RoundState
 from fl_lightning.core.run_lock import RunDirClaim
@@ -76,8 +78,9 @@ def map_partitions(grid: Grid, setup: FlowerSetup, nodes: Sequence[int], timeout
     """Ask every node which partition it holds: client id → node id, once every node can take part.
 
     Raises :class:`FlowerRunError` for the first problem: a node that did not answer or failed, a node's own
-    problem (its partition outside the federation, no data), a node configured for another method, two nodes with
-    the same partition, or a partition no node holds.
+    problem (its partition outside the federation, no data), a node configured for another method or with other
+    settings (its settings fingerprint differs from the server's: another ``--model.lr``, batch size or seed), two
+    nodes with the same partition, or a partition no node holds.
     """
     messages = [Message(RecordDict(), node, "query") for node in nodes]
     received = list(grid.send_and_receive(messages, timeout=timeout))
@@ -87,6 +90,7 @@ def map_partitions(grid: Grid, setup: FlowerSetup, nodes: Sequence[int], timeout
         src = reply.metadata.src_node_id
         replies[src if src in nodes else sent.get(reply.metadata.reply_to_message_id, src)] = reply
     clients: dict[int, int] = {}
+    own = settings_fingerprint(setup.config, science_only=True)
     for node in nodes:
         if node not in replies:
             raise FlowerRunError(f"node {node} did not answer within {timeout:g}s")
@@ -102,6 +106,14 @@ def map_partitions(grid: Grid, setup: FlowerSetup, nodes: Sequence[int], timeout
             raise FlowerRunError(
                 f"node {node} (partition {partition}) is configured for method {info['method']!s}, "
                 f"the server for {setup.method_name}"
+            )
+        diff = differences(own, json.loads(str(info.get("settings", "{}"))))
+        if diff:  # another learning rate, batch size, mu or seed: the node would train another federation's client
+            raise FlowerRunError(
+                f"node {node} (partition {partition}) was started with other settings than the server: "
+                f"{'; '.join(diff[:SHOWN])}{'; ...' if len(diff) > SHOWN else ''} (the server's -> the node's); give "
+                f"every node the run's options (only {', '.join(k for k in PER_NODE_KEYS if k.startswith('data.'))} "
+                "may differ)"
             )
         if partition in clients:
             raise FlowerRunError(f"nodes {clients[partition]} and {node} both hold partition {partition}")
