@@ -297,3 +297,38 @@ def test_the_servers_loggers_get_every_round_and_eval_local_is_refused(tmp_path:
     with pytest.raises(FlowerRunError, match="federation.eval_local evaluates every local model"):
         _run_in_process(tmp_path / "e", _tiny() + ["--federation.eval_local", "true"], [_tiny()] * 3, _nodes())
     assert not (tmp_path / "e" / "run").exists()
+
+
+@pytest.mark.parametrize("fewest", [-1, 0, 4])
+def test_a_bad_min_clients_is_refused_before_any_node_is_asked(fewest: int, tmp_path: Path) -> None:
+    from fl_lightning.flower.server_app import FlowerRunError, _optional_int, run_federation, server_setup
+
+    setup = server_setup(QUICKSTART, _tiny(), str(tmp_path / "run"))
+    never = InProcessGrid([], [])  # no node: a check after the nodes' query would fail otherwise
+    with pytest.raises(FlowerRunError) as err:
+        run_federation(never, setup, node_wait=1.0, min_clients=_optional_int(fewest))
+    assert str(err.value) == (
+        f"min-clients must be between 1 and the 3 clients sampled per round, got {fewest} (leave it out to need "
+        "every sampled client)"
+    )
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_completed_run_is_refused_before_the_simulation_starts(tmp_path: Path, monkeypatch) -> None:
+    """Before Ray starts (about 20 s), with the Flower way to start elsewhere: there is no --overwrite here."""
+    import json
+
+    from fl_lightning.flower import simulation
+    from fl_lightning.flower.server_app import FlowerRunError
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "summary.json").write_text(json.dumps({"status": "completed"}))
+    monkeypatch.setattr(simulation, "run_simulation", lambda *a, **k: pytest.fail("the simulation started"))
+    with pytest.raises(FlowerRunError) as err:
+        simulation.simulate(QUICKSTART, _tiny(), run_dir=str(run_dir))
+    line = str(err.value)
+    assert line == (
+        f"{run_dir} already holds a completed run; give this run another run directory (the run config's run-dir), "
+        "or move that one away first"
+    ), line

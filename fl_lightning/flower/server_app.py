@@ -44,8 +44,9 @@ from flwr.serverapp import Grid, ServerApp
 from fl_lightning import rules
 from fl_lightning.core.agreement import PER_NODE_KEYS, SHOWN, differences, settings_fingerprint
 from fl_lightning.core.models import trainable
-from fl_lightning.core.rounds import RoundPlan, RoundState
+from fl_lightning.core.rounds import RoundPlan, RoundState, num_sampled
 from fl_lightning.core.run_lock import RunDirClaim
+from fl_lightning.core.rundir import read_summary, run_status
 from fl_lightning.flower.build import FlowerSetup, build, split_options
 from fl_lightning.flower.messages import get_tree, get_weights, put_tree, put_weights
 from fl_lightning.module import round_payload
@@ -131,6 +132,33 @@ def map_partitions(grid: Grid, setup: FlowerSetup, nodes: Sequence[int], timeout
     return clients
 
 
+def check_start(setup: FlowerSetup, min_clients: int | None = None) -> None:
+    """Refuse, before any node is waited for (or Flower's simulation starts Ray), what would stop the run later.
+
+    Raises :class:`FlowerRunError` for ``federation.eval_local``, a ``min_clients`` outside 1 to the clients sampled
+    per round, and a run directory holding a completed or diverged run (a Flower run has no ``--overwrite``).
+    """
+    fed, dm = setup.federation, setup.datamodule
+    if fed.eval_local:  # the local models stay on the nodes
+        raise FlowerRunError(
+            "federation.eval_local evaluates every local model on the server's test set, and under Flower the local "
+            "models stay on the nodes; leave it off (cli.py fit measures it)"
+        )
+    sampled = num_sampled(dm.num_clients, fed.sample_ratio)
+    if min_clients is not None and not 1 <= min_clients <= sampled:
+        raise FlowerRunError(
+            f"min-clients must be between 1 and the {sampled} clients sampled per round, got {min_clients} (leave it "
+            "out to need every sampled client)"
+        )
+    run_dir = Path(setup.trainer.default_root_dir)
+    status = run_status(read_summary(run_dir))
+    if status in ("completed", "diverged"):
+        raise FlowerRunError(
+            f"{run_dir} already holds a {status} run; give this run another run directory (the run config's "
+            "run-dir), or move that one away first"
+        )
+
+
 def run_federation(
     grid: Grid,
     setup: FlowerSetup,
@@ -143,11 +171,7 @@ def run_federation(
     ``min_clients``: the fewest answered clients that complete a round (``None``: every sampled client).
     """
     trainer, dm = setup.trainer, setup.datamodule
-    if setup.federation.eval_local:  # the local models stay on the nodes
-        raise FlowerRunError(
-            "federation.eval_local evaluates every local model on the server's test set, and under Flower the local "
-            "models stay on the nodes; leave it off (cli.py fit measures it)"
-        )
+    check_start(setup, min_clients)
     nodes = wait_for_nodes(grid, dm.num_clients, node_wait)
     clients = map_partitions(grid, setup, nodes, node_wait)
     run_dir = Path(trainer.default_root_dir)
@@ -392,7 +416,7 @@ def _optional_float(value: Any) -> float | None:
 
 
 def _optional_int(value: Any) -> int | None:
-    return None if value in (None, "", 0) else int(value)
+    return None if value in (None, "") else int(value)  # 0 or below: refused by check_start
 
 
 #: The ServerApp ``flwr run`` loads (``fl_lightning.flower.server_app:app``): its settings come from the run config.

@@ -10,7 +10,7 @@ from flwr.simulation import run_simulation
 
 from fl_lightning.core.faults import kept_signal_handlers
 from fl_lightning.flower.client_app import client_app
-from fl_lightning.flower.server_app import FlowerRunError, server_app, server_setup
+from fl_lightning.flower.server_app import FlowerRunError, check_start, server_app, server_setup
 
 
 def simulate(
@@ -31,6 +31,7 @@ def simulate(
     complete.
     """
     setup = server_setup(config, options, run_dir)
+    check_start(setup)  # a finished run in run_dir, say: refused before Ray starts
     outcome: list[Any] = []
     option_text = options if isinstance(options, str) else shlex.join(options or [])
     server = server_app(setup=setup, round_timeout=round_timeout, on_done=outcome.append, node_wait=node_wait)
