@@ -176,8 +176,10 @@ def run(args: list[str], overwrite: bool = False, debug: bool = False) -> int:
     previous = signal_handlers()
     if previous is not None:
         signal.signal(signal.SIGTERM, _raise_sigterm)
+    returned = False
     try:
         cli = cli_main(args, overwrite=overwrite)
+        returned = True
     except SIGTERMException:
         if debug:
             traceback.print_exc()
@@ -205,6 +207,10 @@ def run(args: list[str], overwrite: bool = False, debug: bool = False) -> int:
             _hold_signals()
         else:
             restore_signal_handlers(previous)
+        if not returned:  # failed or interrupted: the other processes are not coming to the end's barrier
+            from fl_lightning.core.distributed import leave_process_group
+
+            leave_process_group()
     from fl_lightning.core.distributed import end_process_group
 
     end_process_group()

@@ -400,3 +400,55 @@ def test_the_process_group_timeout_says_what_to_change() -> None:
     gloo = RuntimeError("[../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 300000ms for recv operation")
     line = one_line(gloo)
     assert line.startswith("another process did not answer within 300s") and "--federation.process_timeout" in line
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_one_node_ends_both_promptly(tmp_path: Path) -> None:
+    """A Ctrl-C in node 0's terminal reaches its torchrun (which starts its process in a session of its own and
+    passes SIGINT on): the process records the run ``interrupted``, says so and exits at once instead of waiting
+    at exit for the other node, which fails, until torchrun kills it 30 s later."""
+    run_dir = tmp_path / "run"
+    procs = _start_nodes(run_dir, node_args={0: ["--federation.rounds", "40"], 1: ["--federation.rounds", "40"]})
+    try:
+        deadline = time.monotonic() + LIMIT_S
+        while time.monotonic() < deadline and len(_rows(run_dir) if (run_dir / "metrics.csv").exists() else []) < 2:
+            time.sleep(0.2)
+        interrupted = time.monotonic()
+        os.kill(procs[0].pid, signal.SIGINT)
+        outs, after = [], []
+        for proc in procs:
+            outs.append(proc.communicate(timeout=LIMIT_S)[0])
+            after.append(time.monotonic() - interrupted)
+    finally:
+        for proc in procs:
+            for pid in [*_descendants(proc.pid), proc.pid]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+    print(f"exit codes {[p.returncode for p in procs]}, {after[0]:.1f}s and {after[1]:.1f}s after the Ctrl-C")
+    assert "error: interrupted; resume the run with --ckpt_path last" in outs[0], outs[0][-3000:]
+    assert max(after) < 20, after  # torchrun's own grace period is 30 s
+    assert procs[0].returncode != 0 and procs[1].returncode != 0  # torchrun exits 1 for any process that failed
+    assert read_status(run_dir) == "interrupted"
+
+
+def read_status(run_dir: Path) -> str:
+    import json
+
+    return str(json.loads((run_dir / "summary.json").read_text())["status"])
+
+
+def test_a_process_that_left_its_group_does_not_wait_at_exit() -> None:
+    """After a failed or interrupted fit the command leaves the group: the end at exit then waits for no one."""
+    import torch.distributed as dist
+
+    from fl_lightning.core import distributed
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    try:
+        distributed.leave_process_group()
+        assert distributed.end_process_group() is False and dist.is_initialized()  # left as it is
+    finally:
+        distributed._LEFT.discard(id(dist.group.WORLD))
+        dist.destroy_process_group()

@@ -50,6 +50,17 @@ def end_process_group(wait_s: float = 60.0) -> bool:
         return False
 
 
+def leave_process_group() -> None:
+    """Leave this process's group as it is, now and at exit: a process whose fit failed or was interrupted.
+
+    The other processes are not coming to :func:`end_process_group`'s barrier (they are in a round's collective,
+    or gone), so waiting for them there only held this process (a Ctrl-C under ``torchrun`` until the launcher
+    killed it, 30 s later).
+    """
+    if dist.is_available() and dist.is_initialized():
+        _LEFT.add(id(dist.group.WORLD))
+
+
 def end_process_group_at_exit() -> None:
     """Run :func:`end_process_group` when this process exits (once, however many fits call this).
 
