@@ -31,9 +31,12 @@ def main(
     out: str = "runs/image_folder",
 ) -> float:
     """Final global test accuracy (a fraction) of FedNTD with the torchvision network ``arch`` on the images."""
+    for split in ("train", "test"):
+        if not (Path(folder) / split).is_dir():
+            raise FileNotFoundError(f"{Path(folder) / split} is not a folder; give a folder holding {split}/<class>/")
     to_tensor = transforms.Compose([transforms.Resize(size), transforms.PILToTensor()])  # uint8 [3, H, W]
     train = ImageFolder(str(Path(folder) / "train"), transform=to_tensor)
-    test = ImageFolder(str(Path(folder) / "test"), transform=to_tensor)
+    test = ImageFolder(str(Path(folder) / "test"), transform=to_tensor)  # its classes must match (checked)
     dm = FederatedDataModule.from_datasets(
         train,
         test,
@@ -67,14 +70,17 @@ if __name__ == "__main__":
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--out", default="runs/image_folder")
     args = parser.parse_args()
-    main(
-        args.folder,
-        tuple(args.size),
-        rounds=args.rounds,
-        num_clients=args.clients,
-        local_epochs=args.local_epochs,
-        workers=args.workers,
-        arch=args.arch,
-        lr=args.lr,
-        out=args.out,
-    )
+    try:
+        main(
+            args.folder,
+            tuple(args.size),
+            rounds=args.rounds,
+            num_clients=args.clients,
+            local_epochs=args.local_epochs,
+            workers=args.workers,
+            arch=args.arch,
+            lr=args.lr,
+            out=args.out,
+        )
+    except (FileNotFoundError, ValueError) as err:  # bad input: one line, not a traceback
+        raise SystemExit(f"error: {err}") from None

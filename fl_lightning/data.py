@@ -17,7 +17,7 @@ from typing import Any, cast
 import lightning as L
 import numpy as np
 import torch
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
@@ -25,7 +25,7 @@ from fl_lightning.core.augment import BatchTransform, InputNormalization, input_
 from fl_lightning.core.batches import ClientBatches, ClientGroup, RoundBatches, StreamedClientBatches
 from fl_lightning.core.context import ClientContext, ServerContext
 from fl_lightning.core.data_settings import DATASET_SHAPES, resolve_data_settings
-from fl_lightning.core.datasets import ImageData, load_dataset
+from fl_lightning.core.datasets import DEFAULT_ROOT, ImageData, load_dataset
 from fl_lightning.core.evaluation import Evaluation, evaluate
 from fl_lightning.core.partitions import Partitioner
 from fl_lightning.core.rounds import RoundPlan, RoundPlanner
@@ -298,8 +298,10 @@ class FederatedDataModule(L.LightningDataModule):
         if self._source is None:
             data = load_dataset(self.dataset, self.root, self.download)
             if data.num_classes != self.num_classes:
-                raise RuntimeError(
-                    f"{self.dataset} loaded with {data.num_classes} classes, expected {self.num_classes}"
+                where = self.root if self.root is not None else DEFAULT_ROOT
+                raise ValueError(
+                    f"{self.dataset}: the files found under {where} hold {data.num_classes} classes, but "
+                    f"{self.dataset} has {self.num_classes}; point --data.root at the complete dataset"
                 )
             self.data = data
             self._train_all, self._test = SplitData(data.train_y, x=data.train_x), SplitData(data.test_y, x=data.test_x)
@@ -356,6 +358,15 @@ class FederatedDataModule(L.LightningDataModule):
             f"{len(self.aux_y)} held out for the server, {len(self._test.y)} test samples"
             + (" (streamed)" if self.streaming else "")
         )
+        present = np.bincount(self.train_y.numpy(), minlength=self.num_classes) > 0
+        unheld = np.flatnonzero(present & (self.client_class_counts.sum(axis=0) == 0)).tolist()
+        if unheld:  # NIID-Bench's #C=k with fewer clients than classes: those classes are tested, never trained
+            rank_zero_warn(
+                f"no client holds class{'es' if len(unheld) > 1 else ''} {', '.join(map(str, unheld))} "
+                f"({self.partition_label} over {self.num_clients} clients): the test set's samples of "
+                f"{'them' if len(unheld) > 1 else 'it'} are never trained on; raise --data.num_clients "
+                f"to at least {self.num_classes} to train every class"
+            )
 
     def _own_stats(self) -> tuple[list[float], list[float]]:
         """Normalisation statistics of all the training inputs (one pass over a streamed dataset)."""

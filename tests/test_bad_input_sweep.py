@@ -54,6 +54,23 @@ def test_another_partitions_option_out_of_range(partition, options, match):
         make_partitioner(partition, **options)
 
 
+@pytest.mark.parametrize(
+    ("partition", "options", "match"),
+    [
+        # Before: "min_size must be at least 0", the class's argument, not the option the user gave.
+        ("dirichlet", {"min_client_size": -1}, "^min_client_size must be at least 0, got -1$"),
+        ("iid", {"min_client_size": -1}, "^min_client_size must be at least 0, got -1$"),
+        # Before: accepted with another partition, though digits has 10 classes.
+        ("iid", {"classes_per_client": 11}, r"classes_per_client must be between 1 and 10 \(the classes\), got 11"),
+        ("classes_per_client", {"classes_per_client": 11}, r"must be between 1 and 10 \(the classes\), got 11"),
+    ],
+)
+def test_partition_options_are_refused_by_their_own_names_and_against_the_classes(partition, options, match):
+    with pytest.raises(ValueError, match=match):
+        resolve_data_settings("digits", partition, num_clients=3, **options)
+    resolve_data_settings("digits", partition, num_clients=3, classes_per_client=10)  # in range
+
+
 def test_another_partitions_option_in_range_is_still_ignored():
     assert make_partitioner("iid", alpha=0.1, shards_per_client=5).label == "iid"  # configs compose
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import warnings
 
 import numpy as np
 import pytest
@@ -266,3 +267,61 @@ def test_yaml_data_source_and_module_net(tmp_path):
     assert summary["final_acc"] > 0.9
     config = (tmp_path / "config.yaml").read_text()
     assert "test_byo_data.Blobs" in config and "torch.nn.Linear" in config
+
+
+class _Folder(Dataset):
+    """Two items of a dataset that numbers its classes as torchvision's folder datasets do."""
+
+    def __init__(self, classes: list[str]) -> None:
+        self.class_to_idx = {c: i for i, c in enumerate(sorted(classes))}
+        self.targets = [0, len(classes) - 1]
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        return torch.zeros(3), self.targets[i]
+
+
+@pytest.mark.parametrize(
+    ("test_classes", "val_classes", "match"),
+    [
+        (["a", "c"], None, r"test data's classes differ from the training data's \(missing 'b'\)"),
+        (["a", "b", "c", "d"], None, r"test data's classes differ .*\(extra 'd'\)"),
+        (["a", "b", "c"], ["b", "c"], r"validation data's classes differ .*missing 'a'"),
+    ],
+)
+def test_folder_datasets_whose_classes_differ_are_refused(test_classes, val_classes, match):
+    train = _Folder(["a", "b", "c"])
+    val = _Folder(val_classes) if val_classes else None
+    with pytest.raises(ValueError, match=match):
+        FederatedDataModule.from_datasets(train, _Folder(test_classes), val=val, num_clients=1)
+
+
+def test_folder_datasets_with_the_same_classes_or_no_class_map_are_accepted():
+    from torch.utils.data import Subset
+
+    from fl_lightning.core.sources import check_class_maps
+
+    check_class_maps(_Folder(["a", "b"]), Subset(_Folder(["a", "b"]), [0]))
+    check_class_maps(_Folder(["a", "b"]), [torch.zeros(2, 3), torch.zeros(2)])  # tensors carry no class names
+    with pytest.raises(ValueError, match=r"'a', 'b' numbered differently"):
+        other = _Folder(["a", "b"])
+        other.class_to_idx = {"a": 1, "b": 0}
+        check_class_maps(_Folder(["a", "b"]), other)
+
+
+def test_classes_no_client_holds_are_warned_of_and_every_class_held_is_not():
+    x, y = torch.randn(60, 3), torch.arange(60) % 6
+    few = FederatedDataModule.from_tensors(
+        x, y, x, y, partition="classes_per_client", classes_per_client=1, num_clients=4
+    )
+    with pytest.warns(UserWarning, match=r"no client holds classes 4, 5 .*at least 6 to train every class"):
+        few.setup()
+    assert few.client_class_counts.sum() == 40
+    enough = FederatedDataModule.from_tensors(
+        x, y, x, y, partition="classes_per_client", classes_per_client=1, num_clients=6
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        enough.setup()

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from helpers import read_summary
 from PIL import Image
 
@@ -47,6 +49,19 @@ def test_image_folder_with_a_torchvision_model(tmp_path):
     summary = read_summary(tmp_path / "run")
     assert summary["dataset"] == "shapes" and summary["model"] == "torchvision.models.resnet.ResNet"
     assert summary["status"] == "completed" and 0 <= accuracy <= 1
+
+
+def test_image_folder_refuses_a_test_tree_missing_a_class_and_a_missing_folder(tmp_path):
+    from image_folder import main
+
+    root = tmp_path / "shapes"
+    _write_image_folder(root, per_class=(4, 2), size=(8, 8))
+    shutil.rmtree(root / "test" / "class_1")  # class_2's test images would be labelled 1
+    with pytest.raises(ValueError, match=r"test data's classes differ .*missing 'class_1'"):
+        main(str(root), size=(8, 8), rounds=1, out=str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(FileNotFoundError, match=r"nowhere.train is not a folder"):
+        main(str(tmp_path / "nowhere"), out=str(tmp_path / "run"))
 
 
 def test_own_module_as_fedavg_and_with_ntd_loss(tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import pickle
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -200,6 +201,18 @@ def test_cifar100_fine_labels(tmp_path: Path) -> None:
     assert data.test_y.tolist() == [99 - i for i in range(10)]
 
 
+def test_a_cifar_folder_missing_one_batch_names_it_and_is_not_passed_over(tmp_path: Path) -> None:
+    full = tmp_path / "full"
+    for name in [f"data_batch_{b}" for b in range(1, 6)] + ["test_batch"]:
+        write_batch(full / name, np.zeros((1, 3, 32, 32), np.uint8), [0], b"labels")
+        if name != "data_batch_3":
+            write_batch(full / "cifar-10-batches-py" / name, np.zeros((1, 3, 32, 32), np.uint8), [0], b"labels")
+    with pytest.raises(
+        FileNotFoundError, match=r"cifar-10-batches-py holds 5 of the 6 CIFAR-10 batches; missing: data_batch_3 "
+    ):
+        load_dataset("cifar10", str(full))  # a complete set in the root itself is not used instead
+
+
 def test_missing_cifar(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="cifar-10-batches-py(.|\n)*--data.download true"):
         load_dataset("cifar10", str(tmp_path))
@@ -320,6 +333,30 @@ def test_tinyimagenet(tmp_path: Path) -> None:
     assert (data.test_x[0, 0].to(torch.int16) - 200).abs().max() <= 3
 
 
+def test_tinyimagenet_annotations_naming_a_missing_image_say_so(tmp_path: Path) -> None:
+    root = tmp_path / "tiny-imagenet-200"
+    (root / "train" / "n01" / "images").mkdir(parents=True)
+    (root / "val" / "images").mkdir(parents=True)
+    (root / "wnids.txt").write_text("n01\n")
+    Image.new("RGB", (64, 64)).save(root / "train" / "n01" / "images" / "a.JPEG")
+    Image.new("RGB", (64, 64)).save(root / "val" / "images" / "val_0.JPEG")
+    (root / "val" / "val_annotations.txt").write_text("val_0.JPEG\tn01\nval_1.JPEG\tn01\n")
+    with pytest.raises(FileNotFoundError, match=r"lists 1 image\(s\) that .*val.images lacks \(e.g. val_1.JPEG\)"):
+        load_dataset("tinyimagenet", str(tmp_path))
+
+
+def test_cinic10_with_too_few_classes_names_the_root(tmp_path: Path) -> None:
+    make_cinic(tmp_path / "cinic-10", {"train": 1, "test": 1})
+    for split in ("train", "test"):
+        for cls in CINIC_CLASSES[3:]:
+            shutil.rmtree(tmp_path / "cinic-10" / split / cls)
+    with pytest.raises(
+        ValueError,
+        match=rf"cinic10: the files found under {tmp_path} hold 3 classes, but cinic10 has 10; point --data.root",
+    ):
+        FederatedDataModule("cinic10", root=str(tmp_path), num_clients=2, partition="iid").setup()
+
+
 def test_missing_tinyimagenet_points_to_source(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=r"tiny-imagenet-200(.|\n)*cs231n.stanford.edu/tiny-imagenet-200.zip"):
         load_dataset("tinyimagenet", str(tmp_path))
@@ -394,7 +431,10 @@ def _tiny(**changes: object) -> tuple:
 @pytest.mark.parametrize(
     ("changes", "match"),
     [
-        ({"train_x": torch.zeros(20, 1, 3, 3, dtype=torch.uint8)}, r"training images of shape \(20, 1, 3, 3\); its"),
+        (
+            {"train_x": torch.zeros(20, 1, 3, 3, dtype=torch.uint8)},
+            r"training images of shape \(20, 1, 3, 3\), but tiny images are \[N, 1, 4, 4\]: the files",
+        ),
         ({"test_y": torch.zeros(5, dtype=torch.long)}, r"test labels of shape \(5,\) for 6 images"),
         ({"train_y": torch.zeros(20)}, "training labels of dtype torch.float32; return integer class indices"),
         ({"train_y": torch.full((20,), 2)}, r"training labels from 2 to 2; they must be in \[0, 2\)"),

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from fl_lightning.core.datasets import DATASETS
-from fl_lightning.core.partitions import Given, Partitioner, client_id_array, make_partitioner
+from fl_lightning.core.partitions import Given, Partitioner, client_id_array, make_partitioner, unused_partitioners
 from fl_lightning.core.sources import DataSource, Info, LoadedSource, load_source
 
 __all__ = [
@@ -206,13 +206,13 @@ def resolve_data_settings(
         ValueError: an option out of range, or options that disagree with each other or with the data.
         TypeError: ``dataset`` is neither a dataset name nor a :class:`~fl_lightning.core.sources.DataSource`.
     """
-    partitioner = make_partitioner(
-        partition,
-        alpha=alpha,
-        shards_per_client=shards_per_client,
-        classes_per_client=classes_per_client,
-        min_client_size=min_client_size,
-    )
+    short_options = {
+        "alpha": alpha,
+        "shards_per_client": shards_per_client,
+        "classes_per_client": classes_per_client,
+        "min_client_size": min_client_size,
+    }
+    partitioner = make_partitioner(partition, **short_options)
     given = check_options(
         partitioner, client_ids, num_clients, holdout_per_class, batch_size, eval_batch_size, num_workers
     )
@@ -244,7 +244,9 @@ def resolve_data_settings(
             f"have shape {input_shape}; turn it off"
         )
     check_augment(augment, input_shape, name)
-    partitioner.check_num_classes(classes)
+    unused = unused_partitioners(partition, **short_options) if isinstance(partition, str) else []
+    for checked in (partitioner, *unused):
+        checked.check_num_classes(classes)
     ids, names = None, []
     if given is not None:
         ids = resolve_client_ids(client_ids if client_ids is not None else given.client_ids, source, loaded)

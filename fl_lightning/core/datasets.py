@@ -157,8 +157,9 @@ def _checked_split(info: DatasetInfo, split: str, x: Any, y: Any, num_classes: i
     if not isinstance(x, torch.Tensor) or x.dim() != 4 or tuple(x.shape[1:]) != expected:
         got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
         raise ValueError(
-            f"{where} images of shape {got}; its DatasetInfo says [N, {', '.join(map(str, expected))}] "
-            "(channels, image_size)"
+            f"{where} images of shape {got}, but {info.name} images are [N, {', '.join(map(str, expected))}]: "
+            f"the files are not {info.name}'s standard size (resize them), or a custom DatasetInfo's channels or "
+            "image_size are wrong"
         )
     if not isinstance(y, torch.Tensor) or y.dim() != 1 or len(y) != len(x):
         got = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
@@ -336,8 +337,16 @@ def _cifar_loader(
     title = tv_class.replace("CIFAR", "CIFAR-")
 
     def find(root: Path) -> Path | None:
+        """The first of ``root/folder`` and ``root`` that holds any batch; it must hold all (no fall-back)."""
         for d in (root / folder, root):
-            if all((d / name).is_file() for name in (*train_files, test_file)):
+            names = (*train_files, test_file)
+            missing = [name for name in names if not (d / name).is_file()]
+            if len(missing) < len(names):
+                if missing:
+                    raise FileNotFoundError(
+                        f"{d} holds {len(names) - len(missing)} of the {len(names)} {title} batches; missing: "
+                        f"{', '.join(missing)} (copy them there, or remove the folder to download it again)"
+                    )
                 return d
         return None
 
@@ -515,6 +524,12 @@ def _load_tinyimagenet(root: Path, download: bool) -> _Arrays:
             raise ValueError(f"{annotations}:{n}: expected 'filename<TAB>wnid...' with a wnid of wnids.txt: {line!r}")
         test_paths.append(directory / "val" / "images" / fields[0])
         test_labels.append(index[fields[1]])
+    absent = [p for p in test_paths if not p.is_file()]
+    if absent:
+        raise FileNotFoundError(
+            f"Tiny-ImageNet: {annotations} lists {len(absent)} image(s) that {directory / 'val' / 'images'} lacks "
+            f"(e.g. {absent[0].name}); the annotations and the images disagree: extract val/ again"
+        )
     splits = {"train": (train_paths, train_labels), "test": (test_paths, test_labels)}
     return _cached_or_decoded("tinyimagenet", directory, splits, len(wnids))
 

@@ -15,6 +15,7 @@ used twice. The arithmetic lives in pure functions (:func:`dirichlet`, :func:`sh
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Sequence
 from typing import Any, ClassVar, cast
 
@@ -61,7 +62,7 @@ def _alpha(alpha: float) -> float:
     if not (np.isfinite(value) and value > 0):
         raise ValueError(
             f"the Dirichlet concentration must be a positive number, got alpha={alpha!r}; "
-            "give a finite alpha > 0 (e.g. 0.5; smaller is more skewed)"
+            "give a finite alpha > 0 (--data.alpha; e.g. 0.5, smaller is more skewed)"
         )
     return value
 
@@ -499,17 +500,41 @@ def make_partitioner(partition: str | Partitioner, **options: Any) -> Partitione
         raise ValueError(
             f"unknown partition {partition!r}; choose one of {', '.join(PARTITIONERS)}, or give a Partitioner"
         )
-    # Another partitioner's options are unused here, but an out-of-range one is still a mistake: its class says so.
-    for other in PARTITIONERS.values():
-        if other is cls:
+    unused_partitioners(partition, **options)  # out-of-range unused options are still refused
+    return _from_short_options(cls, options)
+
+
+def unused_partitioners(partition: str, **options: Any) -> list[Partitioner]:
+    """The other partitioners built from the short options they take that differ from their defaults.
+
+    Those options are unused with ``partition``, but an out-of-range one is still a mistake: building the class it
+    belongs to refuses it here, and :meth:`Partitioner.check_num_classes` of each returned one once the classes are
+    known (``--data.partition iid --data.classes_per_client 11`` on 10 classes).
+    """
+    defaults = _short_defaults()
+    built = []
+    for name, other in PARTITIONERS.items():
+        if name == partition:
             continue
-        given = {a: options[o] for o, a in other.short_options.items() if o in options and options[o] != defaults[o]}
+        given = {o: options[o] for o in other.short_options if o in options and options[o] != defaults[o]}
         if given:
             try:
-                other(**given)
+                built.append(_from_short_options(other, given))
             except TypeError:  # a registered partitioner that needs more than its short options: nothing to check
                 pass
-    return cls(**{arg: options[option] for option, arg in cls.short_options.items() if option in options})
+    return built
+
+
+def _from_short_options(cls: type[Partitioner], options: dict[str, Any]) -> Partitioner:
+    """``cls`` built from the datamodule's short options; a refusal names the option, not the class's argument."""
+    try:
+        return cls(**{arg: options[option] for option, arg in cls.short_options.items() if option in options})
+    except ValueError as err:
+        message = str(err)
+        for option, arg in cls.short_options.items():
+            if option != arg:
+                message = re.sub(rf"\b{arg}\b", option, message)
+        raise ValueError(message) from None
 
 
 def class_counts(labels: Labels, parts: Sequence[np.ndarray], num_classes: int) -> np.ndarray:

@@ -34,6 +34,7 @@ __all__ = [
     "Split",
     "SplitData",
     "as_split",
+    "check_class_maps",
     "dataset_labels",
     "first_input",
     "item_input",
@@ -287,6 +288,42 @@ class LoadedSource:
     num_classes: int
 
 
+def _class_map(split: Split | None) -> dict[str, int] | None:
+    mapping = getattr(split, "class_to_idx", None)
+    if mapping is None and isinstance(split, Subset):
+        mapping = getattr(split.dataset, "class_to_idx", None)
+    return dict(mapping) if isinstance(mapping, dict) else None
+
+
+def check_class_maps(train: Split, test: Split, val: Split | None = None) -> None:
+    """Refuse splits whose ``class_to_idx`` (torchvision's folder datasets) give a class different labels.
+
+    Two ``ImageFolder`` trees number their classes by the sorted folder names each holds, so a test tree that lacks
+    one class shifts every label after it: a model would be scored against the wrong classes, silently.
+    """
+    reference = _class_map(train)
+    if reference is None:
+        return
+    for split, what in ((test, "test"), (val, "validation")):
+        other = _class_map(split)
+        if other is None or other == reference:
+            continue
+        missing = sorted(set(reference) - set(other))
+        extra = sorted(set(other) - set(reference))
+        moved = sorted(c for c in set(reference) & set(other) if reference[c] != other[c])
+        parts = [f"missing {_names(missing)}" if missing else "", f"extra {_names(extra)}" if extra else ""]
+        detail = "; ".join(p for p in parts if p) or f"{_names(moved)} numbered differently"
+        raise ValueError(
+            f"the {what} data's classes differ from the training data's ({detail}): the labels would not mean the "
+            f"same class; give both the same class folders (or the {what} dataset the training set's class_to_idx)"
+        )
+
+
+def _names(classes: Sequence[str], shown: int = 5) -> str:
+    listed = ", ".join(repr(c) for c in classes[:shown])
+    return listed + (f" and {len(classes) - shown} more" if len(classes) > shown else "")
+
+
 def load_source(
     source: DataSource,
     name: str,
@@ -314,6 +351,7 @@ def load_source(
             f"got {type(loaded).__name__}"
         )
     train, test, val = (*loaded, None)[:3]
+    check_class_maps(train, test, val)
     opts = (in_memory, num_workers, pin_memory, info)
     train_split = as_split(train, "the training data", *opts)
     test_split = as_split(test, "the test data", *opts)
