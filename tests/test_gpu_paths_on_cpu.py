@@ -56,7 +56,7 @@ def test_flower_messages_carry_bf16_exactly() -> None:
 
 def test_memory_chosen_group_is_agreed_by_every_process(monkeypatch) -> None:
     """Each process offers its own fitted group (one that measured nothing offers its current one): all take the min."""
-    import fl_lightning.federation as federation
+    import fl_lightning.core.distributed as distributed
     from fl_lightning import Federation
     from fl_lightning.core.gpu_memory import StackedMemory
 
@@ -66,8 +66,8 @@ def test_memory_chosen_group_is_agreed_by_every_process(monkeypatch) -> None:
         offered.append(value)
         return [value, 2]  # another process fitted 2
 
-    monkeypatch.setattr(federation, "is_distributed", lambda: True)
-    monkeypatch.setattr(federation, "all_gather_object", gather)
+    monkeypatch.setattr(distributed, "is_distributed", lambda: True)  # agreed_min asks the processes
+    monkeypatch.setattr(distributed, "all_gather_object", gather)
     fed = Federation(rounds=2, plots=False, engine="batched")
 
     class Executor:
