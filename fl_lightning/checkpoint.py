@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 from typing_extensions import override
 
 from fl_lightning.core import faults
-from fl_lightning.core.files import seal_checkpoint, temporary_name
+from fl_lightning.core.files import seal_checkpoint, temporary_name, write_bytes_atomic
 from fl_lightning.core.rundir import check_checkpoint_file
 
 
@@ -74,6 +77,18 @@ class VerifiedCheckpointIO(CheckpointIO):
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        """Save as the inner IO would; a local file through a temporary beside it, not in ``$TMPDIR``.
+
+        Lightning's own IO writes through fsspec's transaction, which stages the file in the system's temporary
+        folder first: a full ``/tmp`` then failed a run whose own disk had room, naming neither file.
+        """
+        local = isinstance(path, str | os.PathLike) and "://" not in str(path)
+        if local and storage_options is None and type(self.inner) is TorchCheckpointIO:
+            buffer = io.BytesIO()
+            torch.save(checkpoint, buffer)
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            write_bytes_atomic(path, buffer.getbuffer())
+            return
         self.inner.save_checkpoint(checkpoint, path, storage_options)
 
     @override

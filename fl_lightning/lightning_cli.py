@@ -77,6 +77,8 @@ class RunConfigSaver(SaveConfigCallback):
             os.makedirs(run_dir, exist_ok=True)
             saved = self.config.clone()
             saved["ckpt_path"] = None  # the file describes the experiment; `--config` of it starts, not resumes
+            # Absolute, so that `--config <run>/config.yaml --ckpt_path last` resumes this run from any directory.
+            saved["trainer"]["default_root_dir"] = str(Path(run_dir).absolute())
             text = self.parser.dump(saved, skip_none=False)
             write_text_atomic(Path(run_dir) / self.config_filename, text)
             config = self.config.clone().as_dict() if hasattr(self.config, "as_dict") else dict(self.config)
@@ -179,6 +181,8 @@ class FLCLI(LightningCLI):
         trainer = config.get("trainer")
         if trainer is None:
             return
+        if isinstance(trainer.get("default_root_dir"), str):  # `~/runs/x`: one directory for the claim, checks, fit
+            trainer["default_root_dir"] = os.path.expanduser(trainer["default_root_dir"])
         _trainer_rules(trainer)
         federation = config.get("federation")
         values = {

@@ -185,6 +185,25 @@ def test_a_named_run_directory_is_used_as_given(tmp_path, monkeypatch):
     assert run(["fit", "--config", saved, "--federation.rounds", "2", "--ckpt_path", "last"]) == 0
     assert read_summary(tmp_path / "mine")["rounds_done"] == 2
     assert not (tmp_path / "runs").exists()
+    # from another directory too: the saved config names the run directory by its absolute path
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert run(["fit", "--config", saved, "--federation.rounds", "3", "--ckpt_path", "last"]) == 0
+    assert read_summary(tmp_path / "mine")["rounds_done"] == 3
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+
+
+def test_a_run_directory_under_home_given_with_a_tilde(tmp_path, monkeypatch, capsys):
+    # Before: the fit trained into ~/tr but exited 1 ("the fit stopped before its first round"), and a resume or
+    # --overwrite was refused as a completed run: the claim expanded `~`, the command line's checks did not.
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    args = ["fit", "--config", "quickstart", *TINY, "--trainer.default_root_dir", "~/tr"]
+    assert run([*args, "--federation.rounds", "1"]) == 0
+    assert run([*args, "--federation.rounds", "2", "--ckpt_path", "last"]) == 0
+    assert read_summary(tmp_path / "tr")["rounds_done"] == 2 and not (tmp_path / "~").exists()
+    assert run([*args, "--federation.rounds", "1"], overwrite=True) == 0
+    assert read_summary(tmp_path / "tr")["rounds_done"] == 1
 
 
 def test_a_copy_of_a_shipped_config_never_writes_among_its_versions(tmp_path, monkeypatch, capsys):

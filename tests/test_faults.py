@@ -354,6 +354,18 @@ def test_full_disk_fails_cleanly_and_resumes_exactly(tmp_path, reference, monkey
             subprocess.run(["umount", str(mount)], check=False)
 
 
+def test_checkpoints_are_written_beside_the_run_not_in_the_systems_temporary_folder(tmp_path, reference, monkeypatch):
+    # Before: Lightning's fsspec transaction staged each checkpoint in $TMPDIR: a full /tmp failed the run in round
+    # 1 ("No space left on device", naming no file) though the run's own disk had room.
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no such folder"))
+    run_dir = tmp_path / "run"
+    assert cli.run(fit_args(run_dir)) == 0
+    assert verify_checkpoint(run_dir / "checkpoints" / "last.ckpt") and rows(run_dir) == rows(reference)
+    assert not temporaries(run_dir)
+
+
 def test_summary_of_a_failure_is_written_even_when_no_temporary_fits(tmp_path, monkeypatch):
     import errno
     from types import SimpleNamespace

@@ -72,6 +72,22 @@ def write_text_atomic(path: str | Path, text: str) -> None:
         os.fsync(f.fileno())
 
 
+def write_bytes_atomic(path: str | Path, data: bytes | memoryview) -> None:
+    """Replace ``path`` with ``data``, whole, through a temporary beside it (flushed to disk before the rename).
+
+    An error names ``path`` (a full disk's ``OSError`` from ``write`` names no file) and keeps its ``errno``.
+    """
+    try:
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as err:
+        if err.filename is not None:
+            raise
+        raise OSError(err.errno, err.strerror, str(path)) from err
+
+
 def overwrite_in_place(path: str | Path, text: str) -> None:
     """Rewrite a small file in its own blocks, for when the disk is full and no temporary fits (not atomic)."""
     with open(path, "r+" if Path(path).exists() else "w", newline="") as f:
