@@ -266,6 +266,8 @@ class FLCLI(LightningCLI):
             # a new version folder holds nothing to replace; a resume with --overwrite is refused as ever
             overwrite=self.overwrite and (getattr(self, "run_base", None) is None or resume),
             ckpt_path=config.get("ckpt_path"),
+            # --overwrite would not replace a version: the same command without --ckpt_path runs it again in a new one
+            **({"rerun": "drop --ckpt_path to rerun it in a new version"} if getattr(self, "run_base", None) else {}),
         )
         note = getattr(self, "new_version_note", "")
         if note and plan.action == "fresh":

@@ -97,6 +97,7 @@ class RunRecorder:
             "history": self.history,
             "class_acc_history": self.class_acc_history,
             "elapsed": self.elapsed,
+            "client_state": self.client_state,  # a run finished from its checkpoint reports it as the run did
         }
         if self.status == "diverged":  # so that finishing a run from its checkpoint keeps how it ended
             state.update(diverged_round=self.diverged_round, error=self.error)
@@ -106,7 +107,7 @@ class RunRecorder:
         """Continue the record of a checkpointed run."""
         self.history = list(state["history"])
         self.class_acc_history = list(state["class_acc_history"])
-        self.elapsed = float(state["elapsed"])
+        self.elapsed, self.client_state = float(state["elapsed"]), state.get("client_state")
         self.diverged_round, self.error = state.get("diverged_round"), state.get("error")
         self.status = "running"
 
@@ -120,7 +121,7 @@ class RunRecorder:
         if trainer.is_global_zero and new_run:
             check_fresh_run_dir(self.run_dir)
         self.start(trainer)
-        if trainer.is_global_zero and not self.history:
+        if trainer.is_global_zero and (not self.history or self._partition_missing()):  # a resume into a new folder
             self.write_partition(counts)
         if note is not None:
             self.say(trainer, note)
@@ -331,8 +332,7 @@ class RunRecorder:
         status = "diverged" if self.diverged_round is not None else "completed"
         self.say(trainer, f"all {self.total_rounds} rounds are done: writing what is missing, marking the run {status}")
         self.start(trainer)
-        partition = ["partition.csv", "partition.png"] if self.plots else ["partition.csv"]
-        if trainer.is_global_zero and not all((self.run_dir / name).exists() for name in partition):
+        if trainer.is_global_zero and self._partition_missing():
             self.write_partition(counts)
         self.finish(trainer, status, self.error if status == "diverged" else None)
 
@@ -461,6 +461,10 @@ class RunRecorder:
             bar.print(message)
         else:
             rank_zero_info(message)
+
+    def _partition_missing(self) -> bool:
+        names = ["partition.csv", "partition.png"] if self.plots else ["partition.csv"]
+        return not all((self.run_dir / name).exists() for name in names)
 
     def write_partition(self, counts: np.ndarray) -> None:
         """``partition.csv`` (client × class counts) and its heatmap, titled with the dataset, partition and clients."""

@@ -193,6 +193,19 @@ def test_a_named_run_directory_is_used_as_given(tmp_path, monkeypatch):
     assert list((tmp_path / "elsewhere").iterdir()) == []
 
 
+def test_a_completed_version_tells_how_to_rerun_it_as_a_versioned_command_can(tmp_path, monkeypatch, capsys):
+    # Before: "pass --overwrite to rerun it", which in a versioned run starts a new version and leaves this one.
+    monkeypatch.chdir(tmp_path)
+    args = ["fit", "--config", "quickstart", *TINY, "--federation.rounds", "1"]
+    assert run(args) == 0
+    capsys.readouterr()
+    assert run([*args, "--ckpt_path", "last"]) == 2
+    assert err_lines(capsys)[-1].endswith(
+        "(raise --federation.rounds to extend it, or drop --ckpt_path to rerun it in a new version)"
+    )
+    assert run(args) == 0 and (tmp_path / "runs" / "quickstart" / "version_1" / "summary.json").is_file()
+
+
 def test_a_run_directory_under_home_given_with_a_tilde(tmp_path, monkeypatch, capsys):
     # Before: the fit trained into ~/tr but exited 1 ("the fit stopped before its first round"), and a resume or
     # --overwrite was refused as a completed run: the claim expanded `~`, the command line's checks did not.
@@ -252,6 +265,22 @@ def test_extending_a_completed_run_says_so_before_it_starts(done, capsys):
 
 
 # ---- 6. a completed run with a file missing is finished by the resume -----------------------------------------------
+
+
+def test_a_resume_into_a_new_directory_writes_the_partition_and_keeps_the_client_state(tmp_path):
+    # Before: a run resumed from another run's checkpoint into a new folder had no partition.csv, and a run finished
+    # from its checkpoint (every round done) had lost summary.json's client_state.
+    first = tmp_path / "first"
+    assert run(quickstart_fit_args(first, "--model", "scaffold", rounds=1)) == 0
+    usage = read_summary(first)["client_state"]
+    assert usage["clients"] == 3
+    moved = tmp_path / "moved"
+    args = ["--model", "scaffold", "--ckpt_path", str(first / "checkpoints" / "last.ckpt")]
+    assert run(quickstart_fit_args(moved, *args, rounds=2)) == 0
+    assert (moved / "partition.csv").read_text() == (first / "partition.csv").read_text()
+    (first / "summary.json").unlink()  # every round done, a file lost: the resume finishes the run
+    assert run(quickstart_fit_args(first, "--model", "scaffold", "--ckpt_path", "last", rounds=1)) == 0
+    assert read_summary(first)["status"] == "completed" and read_summary(first)["client_state"] == usage
 
 
 @pytest.mark.parametrize("missing", ["config.yaml", "partition.csv"])

@@ -470,6 +470,7 @@ def check_run_dir(
     resume: bool,
     overwrite: bool,
     ckpt_path: str | os.PathLike[str] | None = None,
+    rerun: str = "pass --overwrite to rerun it",
 ) -> RunDirPlan:
     """Decide what a fit may do with ``run_dir``, reading only; refuses with a :class:`RunDirError` naming the fix.
 
@@ -479,6 +480,7 @@ def check_run_dir(
         resume: the fit continues from a checkpoint (``--ckpt_path``).
         overwrite: the user asked to replace whatever run the directory holds (``--overwrite``).
         ckpt_path: the ``--ckpt_path`` value (``last`` or a file); defaults to ``last`` when ``resume``.
+        rerun: how a resume of a finished run is told to run it again (a versioned run's command: in a new version).
 
     Returns:
         The plan: start fresh, resume from a checked checkpoint, or move the old run aside first.
@@ -507,7 +509,7 @@ def check_run_dir(
             f"{run_dir} already holds {what}; {hint}pass --overwrite to replace it (it is moved to "
             f"{run_dir.name}.replaced-<time>), or choose another --trainer.default_root_dir"
         )
-    return _check_resume(run_dir, new_config, summary, status, ckpt_path or "last")
+    return _check_resume(run_dir, new_config, summary, status, ckpt_path or "last", rerun)
 
 
 def _refuse_versioned_runs(run_dir: Path) -> None:
@@ -537,10 +539,10 @@ def _check_resume(
     summary: dict[str, Any] | None,
     status: str,
     ckpt_path: str | os.PathLike[str],
+    rerun: str,
 ) -> RunDirPlan:
     ckpt_file = resolve_checkpoint(run_dir, ckpt_path)
-    if ckpt_file is None:
-        # A run killed before its first checkpoint has nothing to resume and, unfinished, nothing to protect.
+    if ckpt_file is None:  # killed before its first checkpoint: nothing to resume and, unfinished, to protect
         if not has_results(run_dir) or status in ("stale running", "interrupted", "failed"):
             _refuse_versioned_runs(run_dir)
             return RunDirPlan("fresh", run_dir, message=f"no checkpoint in {run_dir}/checkpoints: starting a new run")
@@ -565,7 +567,7 @@ def _check_resume(
             f"{saved_dir / 'config.yaml'}), or choose another --trainer.default_root_dir"
         )
     if status == "diverged":
-        raise RunDirError(f"{run_dir} holds a diverged run; there is nothing to resume (pass --overwrite to rerun it)")
+        raise RunDirError(f"{run_dir} holds a diverged run; there is nothing to resume ({rerun})")
     finished = isinstance(rounds, int) and 0 < rounds <= done
     same_rounds = isinstance(rounds, int) and summary and rounds <= int(summary.get("rounds", 0))
     files = [*run_files((new_config.get("federation") or {}).get("plots", True)), "config.yaml"]
@@ -573,11 +575,9 @@ def _check_resume(
     if status == "completed" and summary and same_rounds and (whole or not finished):
         raise RunDirError(
             f"{run_dir} holds a completed run of {summary.get('rounds')} rounds; there is nothing to resume "
-            "(raise --federation.rounds to extend it, or pass --overwrite to rerun it)"
+            f"(raise --federation.rounds to extend it, or {rerun})"
         )
-    if finished:
-        # Lightning trains nothing once max_epochs is reached; the Federation callback completes the record instead
-        # (and says so).
+    if finished:  # Lightning trains nothing once max_epochs is reached; the Federation completes the record
         return RunDirPlan("finish", run_dir, ckpt=ckpt_file)
     return RunDirPlan("resume", run_dir, ckpt=ckpt_file, message=extension_note(summary, saved, rounds, done))
 
