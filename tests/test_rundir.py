@@ -218,3 +218,15 @@ class TestPureChecks:
         config = resolve_config(fit_args(tmp_path / "r"))
         assert config["data"]["num_clients"] == 3 and config["trainer"]["precision"]
         assert not (tmp_path / "r").exists()
+
+
+def test_overwrite_twice_within_a_second_moves_each_old_run_to_its_own_folder(tmp_path, monkeypatch):
+    # Before: the second --overwrite in the same second failed with "OSError: [Errno 39] Directory not empty".
+    import fl_lightning.core.run_lock as run_lock
+
+    monkeypatch.setattr(run_lock.time, "strftime", lambda fmt: "20261204-010203")
+    run_dir = tmp_path / "run"
+    (tmp_path / "run.replaced-20261204-010203").mkdir()
+    assert run_lock.free_aside(run_dir).name == "run.replaced-20261204-010203-2"
+    (tmp_path / "run.replaced-20261204-010203-2").mkdir()
+    assert run_lock.free_aside(run_dir).name == "run.replaced-20261204-010203-3"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,6 +108,20 @@ def claim_run_dir(run_dir: str | os.PathLike[str]) -> Path:
             return run_dir
         os.close(fd)
     raise RunDirError(f"could not claim {run_dir}: its lock file keeps changing; is another fit starting there?")
+
+
+def free_aside(run_dir: Path) -> Path:
+    """Where ``--overwrite`` moves ``run_dir``: ``<name>.replaced-<time>``, with ``-2``, ``-3``... if that is taken.
+
+    >>> free_aside(Path("/nonexistent/run")).name.startswith("run.replaced-")
+    True
+    """
+    stem = f"{run_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}"
+    aside, n = run_dir.with_name(stem), 1
+    while aside.exists():  # two replacements within one second
+        n += 1
+        aside = run_dir.with_name(f"{stem}-{n}")
+    return aside
 
 
 def move_claimed(run_dir: Path, aside: Path) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import inspect
 import json
 import os
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,7 @@ from fl_lightning.core.messages import first_line
 from fl_lightning.core.registry import import_path
 
 # The errors of run directories are defined beside the lock; importing them from here keeps working.
-from fl_lightning.core.run_lock import LOCK_NAME, RunDirError, move_claimed
+from fl_lightning.core.run_lock import LOCK_NAME, RunDirError, free_aside, move_claimed
 from fl_lightning.core.run_lock import RunDirInUse as RunDirInUse
 from fl_lightning.core.run_lock import RunDirLost as RunDirLost
 
@@ -501,7 +500,7 @@ def check_run_dir(
         if not has_results(run_dir):
             return RunDirPlan("fresh", run_dir)
         if overwrite:
-            aside = run_dir.with_name(f"{run_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
+            aside = free_aside(run_dir)
             return RunDirPlan("replace", run_dir, aside=aside, message=f"moving the old run in {run_dir} to {aside}")
         what = f"a {status} run" if summary else "results of an earlier run"
         hint = "resume it with --ckpt_path last, " if status in ("interrupted", "stale running", "failed") else ""
