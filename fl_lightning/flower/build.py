@@ -32,7 +32,8 @@ class FlowerSetup:
     datamodule: FederatedDataModule
     federation: Federation
     #: The resolved config (as ``config.yaml`` would hold it): what a node and the server compare before the rounds.
-    config: dict[str, Any] = field(default_factory=dict)
+    #: (A bare ``dict``: Sphinx cannot cross-reference a subscripted attribute type such as ``dict[str, Any]``.)
+    config: dict = field(default_factory=dict)
 
     @property
     def hooks(self) -> FederatedHooks | None:
