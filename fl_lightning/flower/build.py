@@ -13,7 +13,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import cast
 
 import lightning as L
 
@@ -32,8 +32,7 @@ class FlowerSetup:
     datamodule: FederatedDataModule
     federation: Federation
     #: The resolved config (as ``config.yaml`` would hold it): what a node and the server compare before the rounds.
-    #: (A bare ``dict``: Sphinx cannot cross-reference a subscripted attribute type such as ``dict[str, Any]``.)
-    config: dict = field(default_factory=dict)
+    config: dict = field(default_factory=dict)  # not dict[str, Any]: Sphinx cannot resolve that as an attribute's type
 
     @property
     def hooks(self) -> FederatedHooks | None:
