@@ -359,3 +359,25 @@ def test_local_model_measures_when_runs_evaluated_them(tmp_path):
     assert "| 60.00 ± 14.14 | 0.1500 ± 0.0707 |" in md
     per_seed = list(csv.DictReader(open(out / "per_seed.csv")))
     assert [float(r["local_acc_last10"]) for r in per_seed] == [0.5, 0.7]
+
+
+def test_an_empty_metrics_cell_reads_as_missing_not_a_crash(tmp_path):
+    """A round without validation leaves val/ columns empty (outputs.md); the report crashed on float('')."""
+    from fl_lightning.experiments.runs import read_run
+
+    run_dir = tmp_path / "s" / "fedavg" / "seed0"
+    _fake_run(run_dir, [0.2, 0.4, 0.6])
+    rows = list(csv.DictReader(open(run_dir / "metrics.csv")))
+    with open(run_dir / "metrics.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, [*rows[0], "val/loss", "val/acc"])
+        writer.writeheader()
+        for i, row in enumerate(rows):  # validation in round 2 only (check_val_every_n_epoch 2)
+            writer.writerow({**row, "val/loss": 1.5 if i == 1 else "", "val/acc": 0.5 if i == 1 else ""})
+    data = read_run(run_dir)
+    assert [r["val/acc"] for r in data["rows"]][1] == 0.5
+    assert all(r["val/acc"] != r["val/acc"] for i, r in enumerate(data["rows"]) if i != 1)  # NaN
+    out = write_report("demo", tmp_path, [("s", "fedavg", 0, run_dir)], "fedavg")
+    assert "| s | fedavg | 60.00 | 60.00 |" in (out / "results.md").read_text()
+    (run_dir / "metrics.csv").write_text("round,global_acc\n1,abc\n")
+    with pytest.raises(ValueError, match="column 'global_acc' holds 'abc', not a number"):
+        read_run(run_dir)

@@ -15,13 +15,32 @@ from fl_lightning.core.rundir import run_status
 RunRef = tuple[str, str, int, Path]
 
 
+def metrics_cell(value: str | None, path: Path, column: str) -> float:
+    """A ``metrics.csv`` cell as a number: an empty cell (a round that did not log that column) is NaN.
+
+    NaN cells are skipped wherever rows are aggregated (every reader checks ``math.isfinite``).
+
+    >>> metrics_cell("", Path("m.csv"), "val/acc"), metrics_cell("0.5", Path("m.csv"), "global_acc")
+    (nan, 0.5)
+    """
+    if value is None or value.strip() == "":
+        return math.nan
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"{path}: column {column!r} holds {value!r}, not a number; rerun or remove that run") from None
+
+
 def read_run(run_dir: Path) -> dict[str, Any] | None:
-    """A run's summary and per-round history (None if it has not written results yet)."""
+    """A run's summary and per-round history (None if it has not written results yet).
+
+    An empty cell (a round without validation leaves those columns empty) reads as NaN.
+    """
     summary_path, metrics_path = run_dir / "summary.json", run_dir / "metrics.csv"
     if not summary_path.exists() or not metrics_path.exists():
         return None
-    with open(metrics_path) as f:
-        rows = [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
+    with open(metrics_path, newline="") as f:
+        rows = [{k: metrics_cell(v, metrics_path, k) for k, v in row.items()} for row in csv.DictReader(f)]
     return {"summary": json.loads(summary_path.read_text()), "rows": rows}
 
 
