@@ -354,3 +354,15 @@ def test_the_claims_plot_shows_each_measured_claim_beside_the_papers_gain(
     assert claims.plot_claims(rows[2:], tmp_path / "none.png") is None and not (tmp_path / "none.png").exists()
     assert claims.plot_claims(rows[2:], tmp_path / "claims.png") is None
     assert not (tmp_path / "claims.png").exists()  # the older figure is gone with the claims it showed
+
+
+def test_a_run_the_report_left_unpaired_is_not_counted(tmp_path: Path) -> None:
+    """A completed run with no delta (its rounds differed from FedAvg's) neither wins nor misses a speedup."""
+    rows = [run("fedavg", 0, 0.5, 0.5, speedup_final_target=1.0), run("fedntd", 0, 0.7, 0.5)]
+    rows[1]["delta_final_acc"] = ""  # the report did not pair it
+    write_per_seed(tmp_path, "t", rows)
+    for metric in ("final_acc", "speedup_final_target"):
+        fl = claims.measured(
+            claims.read_per_seed(tmp_path, "t"), {"setting": "s", "method": "fedntd", "metric": metric}
+        )
+        assert fl["gains"] == [] and fl["pairs"] == 0 and fl["missed_target"] == 0, metric

@@ -381,3 +381,28 @@ def test_an_empty_metrics_cell_reads_as_missing_not_a_crash(tmp_path):
     (run_dir / "metrics.csv").write_text("round,global_acc\n1,abc\n")
     with pytest.raises(ValueError, match="column 'global_acc' holds 'abc', not a number"):
         read_run(run_dir)
+
+
+def test_runs_of_different_lengths_are_not_paired_and_the_report_says_so(tmp_path):
+    """FedAvg's 3 rounds beside FedNTD's 6 were paired silently, a "+22.78" gain that was the extra rounds'."""
+    runs = []
+    for method, accs in [("fedavg", [0.2, 0.4, 0.5]), ("fedntd", [0.2, 0.4, 0.5, 0.6, 0.7, 0.73])]:
+        run_dir = tmp_path / "s" / method / "seed0"
+        _fake_run(run_dir, accs)
+        summary = json.loads((run_dir / "summary.json").read_text())
+        (run_dir / "summary.json").write_text(json.dumps({**summary, "rounds": len(accs)}))
+        runs.append(("s", method, 0, run_dir))
+    with pytest.warns(UserWarning, match=r"Setting s: its runs differ in length \(3 rounds: fedavg/seed0; 6 rounds"):
+        out = write_report("demo", tmp_path, runs, "fedavg")
+    per_seed = {r["method"]: r for r in csv.DictReader(open(out / "per_seed.csv"))}
+    assert per_seed["fedntd"]["final_acc"] == "0.73" and per_seed["fedntd"]["delta_final_acc"] == ""
+    assert per_seed["fedntd"]["speedup_final_target"] == "" and per_seed["fedavg"]["delta_final_acc"] == "0.0"
+    md = (out / "results.md").read_text()
+    assert "| s | fedntd | 0 | – | – | – |" in md  # no seed paired
+    assert "give every run one --federation.rounds" in md.split("## Notes")[1]
+    # one length: paired, and no note
+    for _s, _m, _seed, run_dir in runs:
+        summary = json.loads((run_dir / "summary.json").read_text())
+        (run_dir / "summary.json").write_text(json.dumps({**summary, "rounds": 6}))
+    md = (write_report("demo", tmp_path, runs, "fedavg") / "results.md").read_text()
+    assert "| s | fedntd | 1 | +23.00 (1/1) |" in md and "differ in length" not in md

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from fl_lightning.core.metrics import rounds_to_target
-from fl_lightning.experiments.runs import RunRef, divergence_round, is_completed, load_runs, ran_on
+from fl_lightning.experiments.runs import RunRef, divergence_round, is_completed, load_runs, ran_on, same_schedule
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
@@ -130,9 +130,17 @@ def seed_result(run: dict[str, Any], base: dict[str, Any] | None) -> dict[str, A
 
 
 def per_seed_results(loaded: Sequence[dict[str, Any]], baseline: str) -> list[dict[str, Any]]:
-    """:func:`seed_result` of every loaded run, each against the baseline's run of the same setting and seed."""
+    """:func:`seed_result` of every loaded run, each against the baseline's run of the same setting and seed.
+
+    A run is paired only with a baseline run of its schedule (the same rounds and ``eval_every``,
+    :func:`~fl_lightning.experiments.runs.same_schedule`): it is left unpaired otherwise.
+    """
     bases = baseline_by_seed(loaded, baseline)
-    return [seed_result(run, bases.get((run["setting"], run["seed"]))) for run in loaded]
+    out = []
+    for run in loaded:
+        base = bases.get((run["setting"], run["seed"]))
+        out.append(seed_result(run, base if base is not None and same_schedule(run, base) else None))
+    return out
 
 
 def target_stats(results: Sequence[dict[str, Any]], kind: str) -> dict[str, Any]:

@@ -161,6 +161,15 @@ def _float(cell: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def _unpaired(row: dict[str, str]) -> bool:
+    """Whether a comparison's report left a completed run unpaired with FedAvg's (their rounds differ, say).
+
+    Its row has a final accuracy but no delta against the baseline (a row of another tool's table, without the
+    ``delta_final_acc`` column, is taken as paired).
+    """
+    return row.get("delta_final_acc") == "" and _float(row.get("final_acc", "")) is not None
+
+
 def read_per_seed(results_dir: Path, table: str, columns: Sequence[str] = ()) -> list[dict[str, str]]:
     """The rows of ``results/<table>/report/per_seed.csv`` (empty when that comparison has no report).
 
@@ -199,7 +208,7 @@ def measured(
     out["diverged"] = sum(1 for r in mine.values() if r["status"] == "diverged")
     for seed in sorted(mine):
         run = mine[seed]
-        if run["status"] != "completed" or seed not in base or run.get("paired") == "False":
+        if run["status"] != "completed" or seed not in base or run.get("paired") == "False" or _unpaired(run):
             continue
         out["pairs"] += 1
         value, base_value = _float(run[value_col]), _float(base[seed][value_col])

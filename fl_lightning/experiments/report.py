@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from fl_lightning.core.files import atomic_path, write_text_atomic
 from fl_lightning.experiments.aggregate import per_seed_results, summarize_loaded
 from fl_lightning.experiments.figures import plot_class_heatmap, plot_curves
 from fl_lightning.experiments.published import Published
-from fl_lightning.experiments.runs import RunRef, load_runs, unfinished_seeds
+from fl_lightning.experiments.runs import RunRef, load_runs, schedule_notes, unfinished_seeds
 from fl_lightning.experiments.tables import write_per_seed, write_tables
 
 
@@ -50,6 +51,10 @@ def write_report(
     loaded = [r for r in loaded if (r["setting"], r["method"]) in started]
     summary = summarize_loaded(loaded, baseline)
     note = _progress_note(len(runs), unstarted, unfinished_seeds(loaded))
+    lengths = schedule_notes(loaded, baseline)
+    for line in lengths:  # on the command line: one `warning: ...` line each
+        warnings.warn(line, stacklevel=2)
+    notes = [*lengths, *notes]
     if note is not None:
         notes = [note, *notes]
     write_tables(summary, out, f"{name} (baseline: {baseline})", baseline, notes, published)
