@@ -406,3 +406,19 @@ def test_runs_of_different_lengths_are_not_paired_and_the_report_says_so(tmp_pat
         (run_dir / "summary.json").write_text(json.dumps({**summary, "rounds": 6}))
     md = (write_report("demo", tmp_path, runs, "fedavg") / "results.md").read_text()
     assert "| s | fedntd | 1 | +23.00 (1/1) |" in md and "differ in length" not in md
+
+
+def test_a_run_that_diverged_in_round_1_is_in_the_report(tmp_path):
+    """It writes summary.json but no metrics.csv; it was left out as "No run finished yet"."""
+    base, hot = tmp_path / "s" / "fedavg" / "seed0", tmp_path / "s" / "fedavg_hot" / "seed0"
+    _fake_run(base, [0.2, 0.4, 0.6])
+    hot.mkdir(parents=True)
+    summary = {"status": "diverged", "rounds": 3, "rounds_done": 0, "final_acc": None, "best_acc": None}
+    (hot / "summary.json").write_text(json.dumps({**summary, "diverged_round": 1, "wall_seconds": 0.0}))
+    runs = [("s", "fedavg", 0, base), ("s", "fedavg_hot", 0, hot)]
+    out = write_report("demo", tmp_path, runs, "fedavg")
+    md = (out / "results.md").read_text()
+    assert "| s | fedavg_hot | diverged in round 1 |  |" in md
+    assert "No run finished yet" not in md and "left out" not in md
+    per_seed = {r["method"]: r for r in csv.DictReader(open(out / "per_seed.csv"))}
+    assert per_seed["fedavg_hot"]["status"] == "diverged"

@@ -32,15 +32,18 @@ def metrics_cell(value: str | None, path: Path, column: str) -> float:
 
 
 def read_run(run_dir: Path) -> dict[str, Any] | None:
-    """A run's summary and per-round history (None if it has not written results yet).
+    """A run's summary and per-round history (None if it has not written a summary yet).
 
-    An empty cell (a round without validation leaves those columns empty) reads as NaN.
+    A run whose summary is there but not ``metrics.csv`` (one that diverged in its first round, before any round was
+    recorded) has no rows. An empty cell (a round without validation leaves those columns empty) reads as NaN.
     """
     summary_path, metrics_path = run_dir / "summary.json", run_dir / "metrics.csv"
-    if not summary_path.exists() or not metrics_path.exists():
+    if not summary_path.exists():
         return None
-    with open(metrics_path, newline="") as f:
-        rows = [{k: metrics_cell(v, metrics_path, k) for k, v in row.items()} for row in csv.DictReader(f)]
+    rows: list[dict[str, float]] = []
+    if metrics_path.exists():
+        with open(metrics_path, newline="") as f:
+            rows = [{k: metrics_cell(v, metrics_path, k) for k, v in row.items()} for row in csv.DictReader(f)]
     return {"summary": json.loads(summary_path.read_text()), "rows": rows}
 
 
