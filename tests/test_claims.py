@@ -366,3 +366,26 @@ def test_a_run_the_report_left_unpaired_is_not_counted(tmp_path: Path) -> None:
             claims.read_per_seed(tmp_path, "t"), {"setting": "s", "method": "fedntd", "metric": metric}
         )
         assert fl["gains"] == [] and fl["pairs"] == 0 and fl["missed_target"] == 0, metric
+
+
+def test_a_results_folder_that_is_missing_or_holds_no_report_is_refused(
+    tmp_path: Path, results: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`claims --results <typo>` rewrote every claim as "not run", deleted claims.png and exited 0."""
+    from fl_lightning.cli import main as cli
+
+    path = tmp_path / "claims.yaml"
+    path.write_text(yaml.safe_dump({"claims": [claim("good", "Good", 80.0, 83.0, metric="final_acc")]}))
+    readme = tmp_path / "README.md"
+    readme.write_text("no sections\n")
+    args = ["--claims", str(path), "--readme", str(readme)]
+    assert claims.main([*args, "--results", str(results)]) == 0
+    before = (tmp_path / "claims.md").read_bytes()
+    (tmp_path / "empty").mkdir()
+    for where, error in [("nope", "no results folder"), ("empty", "holds no comparison's report/per_seed.csv")]:
+        with pytest.raises(SystemExit) as exit_:
+            cli(["claims", *args, "--results", str(tmp_path / where)])
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: ") and error in err and "\n" not in err
+    assert (tmp_path / "claims.md").read_bytes() == before

@@ -513,6 +513,24 @@ def stale_claims(claims_yaml: Path, results_dir: Path) -> list[str]:
     ]
 
 
+def check_results_dir(claims: Sequence[dict[str, Any]], results_dir: Path) -> None:
+    """Refuse a results folder that is not there or holds none of the claims' comparisons' ``per_seed.csv``.
+
+    Every claim would read "not run", and ``claims`` would rewrite the claims files and delete the figure of
+    results that exist elsewhere (a typo in ``--results``).
+    """
+    if not results_dir.is_dir():
+        raise FileNotFoundError(
+            f"no results folder {results_dir}; pass --results DIR, the folder holding <comparison>/report/per_seed.csv"
+        )
+    tables = sorted({str(c["measure"]["table"]) for c in claims if c.get("measure")})
+    if tables and not any((results_dir / t / "report" / "per_seed.csv").is_file() for t in tables):
+        raise FileNotFoundError(
+            f"{results_dir} holds no comparison's report/per_seed.csv (looked for {', '.join(tables[:3])}"
+            f"{', ...' if len(tables) > 3 else ''}); pass --results DIR, the folder holding them"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     """``cli.py claims [--claims FILE] [--results DIR] [--readme FILE | --check]``."""
     from fl_lightning.experiments import includes
@@ -530,6 +548,7 @@ def main(argv: list[str] | None = None) -> int:
     claims_yaml = Path(args.claims)
     if not claims_yaml.is_file():
         raise FileNotFoundError(f"no claims file {claims_yaml}; pass --claims FILE")
+    check_results_dir(load_claims(claims_yaml), Path(args.results))
     if args.check:
         stale = stale_claims(claims_yaml, Path(args.results))
         stale += [f"{args.readme}'s section from {name}" for name in includes.stale_sections(Path(args.readme))]
