@@ -322,6 +322,10 @@ def _dispatch(args: list[str], debug: bool, overwrite: bool) -> int:
             if debug:
                 raise
             return _error(one_line(err), EXIT_CODES["bad input"])
+        except OSError as err:  # a folder it writes into went away or filled up while it ran
+            if debug:
+                raise
+            return _error(one_line(err), EXIT_CODES["failed"])
         except KeyboardInterrupt:
             if debug:
                 raise

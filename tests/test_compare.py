@@ -412,3 +412,35 @@ def test_compare_reads_a_refused_fit_by_the_command_lines_exit_code():
     from fl_lightning.experiments.compare import EXIT_BAD_INPUT
 
     assert EXIT_BAD_INPUT == EXIT_CODES["bad input"]
+
+
+def _compare_error(args: list[str], capsys) -> str:
+    """The one line `fl-lightning compare ARGS` ends with (exit code 2)."""
+    from fl_lightning.cli import main as cli
+
+    with pytest.raises(SystemExit) as exit_:
+        cli(["compare", *args])
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2, err
+    assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+def test_bad_templates_overrides_and_output_folders_are_one_line_and_exit_2(spec_file, tmp_path, capsys):
+    # Before: a KeyError traceback, an argparse.ArgumentError traceback, a NotADirectoryError traceback.
+    raw = yaml.safe_load(spec_file.read_text())
+    for template, error in [
+        ("{metod}.yaml", "names {metod}; a path may name only {method} and {setting}"),
+        ("{method.x}.yaml", "names {method.x}"),
+        ("{method.yaml", "is not a template"),
+    ]:
+        spec_file.write_text(yaml.safe_dump({**raw, "settings": {"digits": str(tmp_path / template)}}))
+        assert error in _compare_error(["--config", str(spec_file), "--dry-run"], capsys)
+    fixed = {**raw, "methods": ["fedavg"], "settings": {"digits": str(tmp_path / "fedavg.yaml")}}
+    spec_file.write_text(yaml.safe_dump({**fixed, "overrides": ["--federation.round", "2"]}))
+    err = _compare_error(["--config", str(spec_file), "--dry-run"], capsys)
+    assert "setting 'digits', method 'fedavg' does not resolve: unrecognized arguments: --federation.round 2" in err
+    spec_file.write_text(yaml.safe_dump(fixed))
+    (tmp_path / "afile").write_text("")
+    err = _compare_error(["--config", str(spec_file), "--output-dir", str(tmp_path / "afile" / "out")], capsys)
+    assert f"output_dir {tmp_path / 'afile' / 'out'} cannot be written (Not a directory)" in err

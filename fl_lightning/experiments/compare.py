@@ -40,6 +40,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -138,11 +139,26 @@ def _interrupt(signum: int, frame: object) -> None:
     raise _Terminated
 
 
+def check_output_dir(path: Path) -> None:
+    """Create the comparison's output folder if need be; refuse it in one line where nothing can be written there."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as err:
+        raise ValueError(
+            f"output_dir {path} cannot be written ({err.strerror or err}); choose another output_dir in the YAML, "
+            "or --output-dir"
+        ) from None
+
+
 def run_comparison(spec: CompareSpec, dry_run: bool = False, report_only: bool = False) -> Path | None:
     """Run what is missing (nothing with ``report_only``), then write the report; returns the report's folder.
 
     ``dry_run``: print what would run and the fit commands, in their order, and nothing else (no report: None).
     """
+    if not dry_run:
+        check_output_dir(spec.output_dir)
     runs = spec.runs()
     plans = {} if report_only else {r.run_dir: r.plan(spec) for r in runs}
     todo = [r for r in runs if plans.get(r.run_dir, ("reuse", ""))[0] != "reuse"]

@@ -5,6 +5,7 @@ The YAML's keys are described in :mod:`fl_lightning.experiments.compare`, which 
 
 from __future__ import annotations
 
+import string
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -116,6 +117,30 @@ def _variants(raw: object, methods: list[str], path: str | Path) -> dict[str, tu
     return out
 
 
+def _check_template(template: str, setting: str, path: str | Path) -> None:
+    """A setting's config path template names no field but ``{method}`` and ``{setting}``.
+
+    >>> _check_template("configs/{method}_{setting}.yaml", "s", "c.yaml")  # fine
+    >>> _check_template("configs/{metod}.yaml", "s", "c.yaml")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: c.yaml: setting 's': ... names {metod}; a path may name only {method} and {setting}
+    """
+    try:
+        fields = [name for _text, name, _spec, _conv in string.Formatter().parse(template) if name is not None]
+    except ValueError as err:
+        raise ValueError(
+            f"{path}: setting {setting!r}: its config path {template!r} is not a template ({err}); name {{method}} or "
+            "{setting}, and write {{ or }} for a brace"
+        ) from None
+    unknown = [name for name in fields if name not in ("method", "setting")]
+    if unknown:
+        raise ValueError(
+            f"{path}: setting {setting!r}: its config path {template!r} names {{{unknown[0]}}}; a path may name only "
+            "{method} and {setting}"
+        )
+
+
 def _as_int(value: object, path: str | Path, key: str = "seeds") -> int:
     """A YAML whole number (not a bool)."""
     if isinstance(value, bool) or not isinstance(value, int):
@@ -162,6 +187,8 @@ class CompareSpec:
         name = str(raw.get("name", Path(path).stem))
         if not isinstance(raw["settings"], dict) or not raw["settings"]:
             raise ValueError(f"{path}: settings must map at least one setting name to a config path template")
+        for setting, template in raw["settings"].items():
+            _check_template(str(template), str(setting), path)
         spec = cls(
             name=name,
             output_dir=Path(raw.get("output_dir", f"runs/compare/{name}")),
@@ -221,7 +248,13 @@ class CompareSpec:
                 wanted = method_class_path(method, "method")
             except ValueError as err:
                 raise ValueError(f"{path}: {one_line(err)}") from None
-            trains = str((self.resolved(run).get("model") or {}).get("class_path", ""))
+            try:
+                resolved = self.resolved(run)
+            except Exception as err:  # the parser's error, whatever its type (an override it does not take)
+                raise ValueError(
+                    f"{path}: setting {setting!r}, method {method!r} does not resolve: {one_line(err)}"
+                ) from err
+            trains = str((resolved.get("model") or {}).get("class_path", ""))
             if trains.rsplit(".", 1)[-1] != wanted.rsplit(".", 1)[-1]:
                 raise ValueError(
                     f"{path}: setting {setting!r} runs {run.config} for every method, and it trains {trains}, not "
