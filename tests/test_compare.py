@@ -444,3 +444,12 @@ def test_bad_templates_overrides_and_output_folders_are_one_line_and_exit_2(spec
     (tmp_path / "afile").write_text("")
     err = _compare_error(["--config", str(spec_file), "--output-dir", str(tmp_path / "afile" / "out")], capsys)
     assert f"output_dir {tmp_path / 'afile' / 'out'} cannot be written (Not a directory)" in err
+
+
+def test_an_override_typo_is_refused_when_the_yaml_is_read(spec_file, capsys):
+    # Before: with {method} templates every fit failed on it in turn, each after its start-up (a 114-run spec: 114).
+    raw = yaml.safe_load(spec_file.read_text())
+    spec_file.write_text(yaml.safe_dump({**raw, "overrides": ["--federation.round", "2"]}))
+    err = _compare_error(["--config", str(spec_file)], capsys)
+    assert "setting 'digits', method 'fedavg' does not resolve: unrecognized arguments: --federation.round 2" in err
+    assert not Path(raw["output_dir"]).exists()  # no fit was started

@@ -229,50 +229,50 @@ class CompareSpec:
                 own = _setting_config(template, method, setting)
                 if own != config and own.exists():  # a fixed path is every method's config, not the variant's own
                     raise ValueError(f"{path}: variant {method!r} has a config of its own, {own}; rename the variant")
-        spec.check_variants(path)
-        spec.check_fixed_configs(path)
+        spec.check_fixed_configs(path, spec.check_resolves(path))
         return spec
 
-    def check_fixed_configs(self, path: str | Path) -> None:
+    def check_fixed_configs(self, path: str | Path, resolved: dict[tuple[str, str], dict[str, Any]]) -> None:
         """A setting with one config for every method (no ``{method}`` in its path) must train each method it names.
 
         Otherwise every method's row would hold that config's method under another name (a variant runs its own
-        ``overrides``, such as ``--model fedntd``, and is not checked).
+        ``overrides``, such as ``--model fedntd``, and is not checked). ``resolved``: :meth:`check_resolves`'s.
         """
-        firsts: dict[tuple[str, str], Run] = {}
-        for run in self.runs():
-            if "{method}" not in self.settings[run.setting] and run.method not in self.variants:
-                firsts.setdefault((run.setting, run.method), run)
-        for (setting, method), run in firsts.items():
+        for (setting, method), config in resolved.items():
+            if "{method}" in self.settings[setting] or method in self.variants:
+                continue
             try:
                 wanted = method_class_path(method, "method")
             except ValueError as err:
                 raise ValueError(f"{path}: {one_line(err)}") from None
-            try:
-                resolved = self.resolved(run)
-            except Exception as err:  # the parser's error, whatever its type (an override it does not take)
-                raise ValueError(
-                    f"{path}: setting {setting!r}, method {method!r} does not resolve: {one_line(err)}"
-                ) from err
-            trains = str((resolved.get("model") or {}).get("class_path", ""))
+            trains = str((config.get("model") or {}).get("class_path", ""))
             if trains.rsplit(".", 1)[-1] != wanted.rsplit(".", 1)[-1]:
                 raise ValueError(
-                    f"{path}: setting {setting!r} runs {run.config} for every method, and it trains {trains}, not "
-                    f"{method}; give the setting a path with {{method}} (one config per method), or make {method} a "
-                    f"variant with [--model, {method}] in its overrides"
+                    f"{path}: setting {setting!r} runs {self.settings[setting]} for every method, and it trains "
+                    f"{trains}, not {method}; give the setting a path with {{method}} (one config per method), or make "
+                    f"{method} a variant with [--model, {method}] in its overrides"
                 )
 
-    def check_variants(self, path: str | Path) -> None:
-        """Resolve each variant's first run now: an override its method does not take fails here, in one line."""
-        firsts: dict[str, Run] = {}
+    def check_resolves(self, path: str | Path) -> dict[tuple[str, str], dict[str, Any]]:
+        """Resolve each setting × method's first run now, so that a bad override is refused before any fit, in one line.
+
+        An override no config takes (a typo, ``--federation.round``) would otherwise fail every fit in turn, each after
+        its start-up. Returns each (setting, method)'s resolved config (the seed aside, every seed's is the same).
+        """
+        out: dict[tuple[str, str], dict[str, Any]] = {}
         for run in self.runs():
-            firsts.setdefault(run.method, run)
-        for method in self.variants:
-            run = firsts[method]
+            if (run.setting, run.method) in out:
+                continue
             try:
-                self.resolved(run)
+                out[(run.setting, run.method)] = self.resolved(run)
             except Exception as err:  # the parser's error, whatever its type
-                raise ValueError(f"{path}: variant {method!r} does not resolve: {one_line(err)}") from err
+                who = (
+                    f"variant {run.method!r}"
+                    if run.method in self.variants
+                    else f"setting {run.setting!r}, method {run.method!r}"
+                )
+                raise ValueError(f"{path}: {who} does not resolve: {one_line(err)}") from err
+        return out
 
     def config_method(self, method: str) -> str:
         """The method whose config ``method`` runs: a variant's base method, else the method itself."""
