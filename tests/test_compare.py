@@ -300,9 +300,23 @@ def test_published_numbers_are_checked_against_the_comparison(spec_file, values,
 
 def test_output_dir_overrides_the_yamls(spec_file, tmp_path, capsys):
     elsewhere = tmp_path / "archived"
-    assert main(["--config", str(spec_file), "--report-only", "--output-dir", str(elsewhere)]) == 0
+    args = ["--config", str(spec_file), "--report-only", "--output-dir", str(elsewhere)]
+    # Before: a folder that was not there (a typo) was created, with an empty report, and compare exited 0.
+    assert f"no folder {elsewhere} to report on" in _compare_error(args, capsys)
+    assert not elsewhere.exists()
+    (elsewhere / "digits" / "fedavg" / "other").mkdir(parents=True)
+    assert "holds none of the comparison's runs (such as digits/fedavg/seed0/summary.json)" in _compare_error(
+        args, capsys
+    )
+    assert not (elsewhere / "report").exists()
+    spec = CompareSpec.from_yaml(spec_file)
+    spec.output_dir = elsewhere
+    _fake_finished_run(spec, spec.runs()[0], spec.resolved(spec.runs()[0]))
+    summary = {"status": "completed", "final_acc": 0.5, "best_acc": 0.5, "forgetting": 0.0, "wall_seconds": 1.0}
+    (spec.runs()[0].run_dir / "summary.json").write_text(json.dumps(summary))
+    assert main(args) == 0
     assert f"report: {elsewhere / 'report' / 'results.md'}" in capsys.readouterr().out
-    assert "0 of 2 runs finished. No run finished yet (2 runs" in (elsewhere / "report" / "results.md").read_text()
+    assert "1 of 2 runs finished. No run finished yet (1 run" in (elsewhere / "report" / "results.md").read_text()
     assert not (tmp_path / "out").exists()  # the YAML's output_dir is left alone
 
 

@@ -152,14 +152,28 @@ def check_output_dir(path: Path) -> None:
         ) from None
 
 
+def check_has_runs(path: Path, runs: list[Run]) -> None:
+    """Refuse to write a report (``--report-only``) of a folder that is not there or holds none of the runs."""
+    if not path.is_dir():
+        raise ValueError(f"no folder {path} to report on; --output-dir names the folder holding the comparison's runs")
+    if not any((r.run_dir / "summary.json").is_file() for r in runs):
+        example = runs[0].run_dir.relative_to(path) if runs else "<setting>/<method>/seed<n>"
+        raise ValueError(
+            f"{path} holds none of the comparison's runs (such as {example}/summary.json); --output-dir names the "
+            "folder holding them"
+        )
+
+
 def run_comparison(spec: CompareSpec, dry_run: bool = False, report_only: bool = False) -> Path | None:
     """Run what is missing (nothing with ``report_only``), then write the report; returns the report's folder.
 
     ``dry_run``: print what would run and the fit commands, in their order, and nothing else (no report: None).
     """
+    runs = spec.runs()
+    if report_only:
+        check_has_runs(spec.output_dir, runs)
     if not dry_run:
         check_output_dir(spec.output_dir)
-    runs = spec.runs()
     plans = {} if report_only else {r.run_dir: r.plan(spec) for r in runs}
     todo = [r for r in runs if plans.get(r.run_dir, ("reuse", ""))[0] != "reuse"]
     # Interrupted runs first, then seed by seed: a comparison stopped early has whole seeds, seed 0 first.

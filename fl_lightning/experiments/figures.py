@@ -126,6 +126,8 @@ def plot_class_heatmap(run_dir: Path, path: Path, title: str) -> Path | None:
     if not data or not data["rows"]:
         return None
     keys = sorted((k for k in data["rows"][0] if k.startswith("acc_class_")), key=lambda k: int(k[10:]))
+    if not keys:  # a metrics.csv without class-wise columns has no heatmap to draw
+        return None
     grid = 100.0 * np.array([[row[k] for row in data["rows"]] for k in keys])
     fig, ax = new_figure((7, 0.3 * len(keys) + 1.5))
     im = ax.imshow(
