@@ -467,3 +467,19 @@ def test_an_override_typo_is_refused_when_the_yaml_is_read(spec_file, capsys):
     err = _compare_error(["--config", str(spec_file)], capsys)
     assert "setting 'digits', method 'fedavg' does not resolve: unrecognized arguments: --federation.round 2" in err
     assert not Path(raw["output_dir"]).exists()  # no fit was started
+
+
+@pytest.mark.parametrize("where", ["setting", "variant"])
+def test_a_name_that_is_not_one_path_part_is_refused(spec_file, where):
+    # Before: accepted, then the report failed after every run had trained (curves_a/b.png: no folder a).
+    raw = yaml.safe_load(spec_file.read_text())
+    if where == "setting":
+        raw["settings"] = {"digits/hard": raw["settings"]["digits"]}
+        error = "setting 'digits/hard' names a folder, so it must be one path part"
+    else:
+        raw["methods"] = ["fedavg", "fedntd/b05"]
+        raw["variants"] = {"fedntd/b05": {"method": "fedntd", "overrides": ["--model.init_args.beta", "0.5"]}}
+        error = "method 'fedntd/b05' names a folder"
+    spec_file.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ValueError, match=error):
+        CompareSpec.from_yaml(spec_file)

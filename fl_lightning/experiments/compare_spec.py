@@ -117,6 +117,20 @@ def _variants(raw: object, methods: list[str], path: str | Path) -> dict[str, tu
     return out
 
 
+def _check_name(name: str, kind: str, path: str | Path) -> None:
+    """A setting's or method's name is one path part: it names a folder and the report's files.
+
+    >>> _check_name("fedntd/b05", "method", "c.yaml")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: c.yaml: method 'fedntd/b05' names a folder, so it must be one path part: ...
+    """
+    if not name or name in (".", "..") or "/" in name or "\\" in name:
+        raise ValueError(
+            f"{path}: {kind} {name!r} names a folder, so it must be one path part: no '/' or '\\', not '.' or '..'"
+        )
+
+
 def _check_template(template: str, setting: str, path: str | Path) -> None:
     """A setting's config path template names no field but ``{method}`` and ``{setting}``.
 
@@ -206,6 +220,9 @@ class CompareSpec:
             spec.published = _published(raw["published"], spec, path)
         spec.variants = _variants(raw.get("variants"), spec.methods, path)
         spec.baseline = str(spec.baseline) if spec.baseline is not None else spec.methods[0]
+        for kind, names in (("setting", list(spec.settings)), ("method", spec.methods)):
+            for item in names:
+                _check_name(item, kind, path)
         for key, listed in (("methods", spec.methods), ("seeds", [str(s) for s in spec.seeds])):
             twice = sorted({v for v in listed if listed.count(v) > 1})
             if twice:
