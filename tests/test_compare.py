@@ -483,3 +483,17 @@ def test_a_name_that_is_not_one_path_part_is_refused(spec_file, where):
     spec_file.write_text(yaml.safe_dump(raw))
     with pytest.raises(ValueError, match=error):
         CompareSpec.from_yaml(spec_file)
+
+
+def test_dry_run_quotes_what_the_shell_would_split(spec_file, tmp_path, capsys):
+    # Before: joined with spaces, so `my runs/...` pasted into a shell became two arguments.
+    import shlex
+
+    raw = yaml.safe_load(spec_file.read_text())
+    spec_file.write_text(yaml.safe_dump({**raw, "output_dir": str(tmp_path / "my runs")}))
+    spec = CompareSpec.from_yaml(spec_file)
+    assert main(["--config", str(spec_file), "--dry-run"]) == 0
+    _header, *commands = capsys.readouterr().out.splitlines()
+    from fl_lightning.experiments.compare import _command
+
+    assert [shlex.split(c) for c in commands] == [_command(spec, r, resume=False) for r in spec.runs()]

@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -203,7 +204,7 @@ def run_comparison(spec: CompareSpec, dry_run: bool = False, report_only: bool =
                 )
     if dry_run:
         for r in todo:
-            print(" ".join(commands[r.run_dir]), flush=True)
+            print(shlex.join(commands[r.run_dir]), flush=True)  # quoted: paths with spaces paste as one argument
         return None
     started = time.time()
     finished = 0
