@@ -422,3 +422,22 @@ def test_a_run_that_diverged_in_round_1_is_in_the_report(tmp_path):
     assert "No run finished yet" not in md and "left out" not in md
     per_seed = {r["method"]: r for r in csv.DictReader(open(out / "per_seed.csv"))}
     assert per_seed["fedavg_hot"]["status"] == "diverged"
+
+
+def test_every_file_the_report_writes_is_in_the_guides_table(comparison):
+    """compare.md's table of report files named all but summary.json."""
+    from pathlib import Path
+
+    tmp_path, runs = comparison
+    (runs[0][3] / "partition.png").write_bytes(b"png")
+    out = write_report("demo", tmp_path, runs, "fedavg", smooth=3)
+    guide = (Path(__file__).parents[1] / "docs/source/guide/compare.md").read_text()
+    table = guide[guide.index("| file | content |") :].split("\n\n")[0]
+    files = " ".join(row.split("|")[1] for row in table.splitlines() if row.startswith("| `"))  # first cells
+    written = sorted(p.name for p in out.iterdir())
+    assert "summary.json" in written and "curves_s_ma3.png" in written
+    for name in written:
+        for method in ("fedavg", "fedntd", "broken"):
+            name = name.replace(f"_s_{method}.", "_<setting>_<method>.")
+        name = name.replace("_s_ma3.", "_<setting>_ma<n>.").replace("_s.", "_<setting>.")
+        assert f"`{name}`" in files or name == "curves_<setting>_ma<n>.png", name  # that one: in the prose
