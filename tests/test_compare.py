@@ -497,3 +497,30 @@ def test_dry_run_quotes_what_the_shell_would_split(spec_file, tmp_path, capsys):
     from fl_lightning.experiments.compare import _command
 
     assert [shlex.split(c) for c in commands] == [_command(spec, r, resume=False) for r in spec.runs()]
+
+
+def test_a_completed_run_whose_rounds_grew_is_extended_not_retrained(spec_file, capsys):
+    # Before: raising --federation.rounds moved the finished run aside and trained it again from round 1.
+    spec = CompareSpec.from_yaml(spec_file)
+    spec.methods, spec.seeds = ["fedavg"], [0]
+    run = spec.runs()[0]
+    _fake_finished_run(spec, run, spec.resolved(run))
+    (run.run_dir / "checkpoints").mkdir()
+    (run.run_dir / "checkpoints" / "last.ckpt").write_bytes(b"")
+    spec.overrides = ["--federation.rounds", "4"]
+    assert run.plan(spec) == ("extend", "its rounds grew (federation.rounds: 2 -> 4)")
+    run_comparison(spec, dry_run=True)
+    out = capsys.readouterr().out
+    assert "rerunning" not in out
+    assert "digits/fedavg/seed0: extending, its rounds grew (federation.rounds: 2 -> 4)" in out
+    assert out.rstrip().endswith("--federation.rounds 4 --ckpt_path last")
+    spec.overrides = ["--federation.rounds", "4", "--federation.local_epochs", "2"]  # more than the rounds changed
+    assert run.plan(spec)[0] == "rerun"
+    spec.overrides = ["--federation.rounds", "1"]  # fewer rounds: a new run
+    assert run.plan(spec)[0] == "rerun"
+    spec.overrides = ["--federation.rounds", "4"]
+    (run.run_dir / "summary.json").write_text(json.dumps({"status": "diverged"}))  # fit does not resume one
+    assert run.plan(spec)[0] == "rerun"
+    (run.run_dir / "summary.json").write_text(json.dumps({"status": "completed"}))
+    (run.run_dir / "checkpoints" / "last.ckpt").unlink()  # nothing to extend from
+    assert run.plan(spec)[0] == "rerun"

@@ -27,7 +27,8 @@ The YAML::
       values: {shard2: {fedavg: [78.10, 2.51], fedntd: 80.2}}   # setting -> method -> [mean, std] or mean (%)
 
 A finished run is reused, and an interrupted one resumed, only when its saved ``config.yaml`` matches what the YAML
-asks for now; otherwise it is run again with ``--overwrite`` (the old run is moved to ``<dir>.replaced-<time>``).
+asks for now; otherwise it is run again with ``--overwrite`` (the old run is moved to ``<dir>.replaced-<time>``),
+unless it completed and only its rounds grew: then it is extended from its checkpoint (``fit --ckpt_path last``).
 Interrupted runs start first, then the rest seed by seed (every method's first seed before any second seed), so a
 comparison stopped early leaves whole seeds behind.
 """
@@ -195,7 +196,13 @@ def run_comparison(spec: CompareSpec, dry_run: bool = False, report_only: bool =
             print(f"[compare] warning: {busy}", flush=True)
         for r in todo:
             action, why = plans[r.run_dir]
-            commands[r.run_dir] = _command(spec, r, resume=action == "resume", overwrite=action == "rerun")
+            commands[r.run_dir] = _command(spec, r, resume=action in ("resume", "extend"), overwrite=action == "rerun")
+            if action == "extend":
+                print(
+                    f"[compare] {r.setting}/{r.method}/seed{r.seed}: extending, {why}; it trains the new rounds from "
+                    "its checkpoint",
+                    flush=True,
+                )
             if action == "rerun":
                 print(
                     f"[compare] {r.setting}/{r.method}/seed{r.seed}: rerunning, {why}; the old run is moved "

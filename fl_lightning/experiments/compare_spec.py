@@ -375,10 +375,12 @@ class Run:
         return None
 
     def plan(self, spec: CompareSpec) -> tuple[str, str]:
-        """What to do with the run: ``reuse``, ``resume``, ``new`` or ``rerun`` (replace it), and why.
+        """What to do with the run: ``reuse``, ``resume``, ``extend``, ``new`` or ``rerun`` (replace it), and why.
 
         A finished run is reused, and an unfinished one resumed, only when its saved ``config.yaml`` matches the
-        config the comparison would run now (the science keys of :mod:`fl_lightning.core.rundir`).
+        config the comparison would run now (the science keys of :mod:`fl_lightning.core.rundir`). A completed run
+        whose config differs only in more rounds is extended from its checkpoint (``fit --ckpt_path last``), as
+        ``fit`` extends a run, instead of trained again from round 1.
         """
         state = self.state()
         if state == "new":
@@ -386,7 +388,18 @@ class Run:
         saved = read_config(self.run_dir / "config.yaml")
         if saved is None:
             return "rerun", "it has no config.yaml to check against"
-        diff = science_diff(saved, spec.resolved(self), allow_growth=state == "partial")
+        wanted = spec.resolved(self)
+        diff = science_diff(saved, wanted, allow_growth=state == "partial")
+        if diff and self.extendable() and not science_diff(saved, wanted, allow_growth=True):
+            return "extend", "its rounds grew (" + "; ".join(diff) + ")"
         if diff:
             return "rerun", "its config differs (" + "; ".join(diff) + ")"
         return ("reuse", "") if state == "done" else ("resume", "")
+
+    def extendable(self) -> bool:
+        """Whether the run completed and kept its checkpoint, so that ``fit --ckpt_path last`` can add rounds to it.
+
+        A diverged run is not extended (``fit`` refuses to resume one): it is run again.
+        """
+        completed = run_status(read_summary(self.run_dir)) == "completed"
+        return completed and (self.run_dir / "checkpoints" / "last.ckpt").is_file()
