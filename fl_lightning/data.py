@@ -279,6 +279,11 @@ class FederatedDataModule(L.LightningDataModule):
         return h if h == w else (h, w)
 
     @property
+    def has_validation_data(self) -> bool:
+        """Whether ``val_dataloader`` has data: the user's ``val``, or a server holdout (``holdout_per_class``)."""
+        return self._val is not None or self.holdout_per_class > 0
+
+    @property
     def streaming(self) -> bool:
         """Whether training items are read per round from a dataset rather than held as tensors."""
         return self._train_reader is not None

@@ -56,7 +56,7 @@ from fl_lightning.core.rundir import (
     move_aside,
 )
 from fl_lightning.core.step_capture import resolve_capture
-from fl_lightning.core.versions import claim_new_version, matching_version
+from fl_lightning.core.versions import checkpoint_to_evaluate, claim_new_version, matching_version
 from fl_lightning.data import FederatedDataModule
 from fl_lightning.federation import Federation
 from fl_lightning.module import FedAvg
@@ -251,6 +251,11 @@ class FLCLI(LightningCLI):
             given = {fact: init_args.get(fact) for fact in DATA_FACTS}
             from_checkpoint = config.get("ckpt_path") is not None
             check_data_facts(given, self.datamodule, type(self.model), from_checkpoint=from_checkpoint)
+        if self.subcommand == "validate" and not self.datamodule.has_validation_data:
+            raise ValueError(
+                "validate has no validation data: give the run's --data.holdout_per_class N (or a DataSource whose "
+                "load() returns a validation split); `test` scores the test set"
+            )
         if self.subcommand != "fit":
             return
         run_dir = config["trainer"]["default_root_dir"]
@@ -301,6 +306,9 @@ class FLCLI(LightningCLI):
     @override
     def _parse_ckpt_path(self) -> None:
         """Check a ``--ckpt_path`` file's checksum before Lightning reads the hyper-parameters from it."""
+        if self.config.get("subcommand") in ("validate", "test"):
+            config = self.config[self.config.subcommand]
+            config["ckpt_path"] = self._evaluated_checkpoint(config)
         ckpt_path = self.config[self.config.subcommand].get("ckpt_path") if self.config.get("subcommand") else None
         if not ckpt_path or ckpt_path == "last" or not Path(ckpt_path).is_file():
             super()._parse_ckpt_path()
@@ -311,6 +319,17 @@ class FLCLI(LightningCLI):
         except Exception as err:  # torch's own error for a file that is no checkpoint of this kind
             reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
             raise RunDirError(f"checkpoint {ckpt_path} cannot be loaded ({reason})") from err
+
+    def _evaluated_checkpoint(self, config: Namespace) -> str:
+        """What ``validate``/``test`` evaluate (:func:`~fl_lightning.core.versions.checkpoint_to_evaluate`)."""
+        trainer, ckpt_path = config["trainer"], config.get("ckpt_path")
+        if ckpt_path == "last" and trainer.get("precision") is None:  # as the fit resolved it, to match its version
+            trainer["precision"] = rules.default_precision(trainer.get("accelerator"))
+        wanted = {k: v for k, v in self.resolved_dict(config).items() if k != "verbose"}  # the command's, not the run's
+        run_dir = Path(os.path.expanduser(str(trainer["default_root_dir"])))
+        return checkpoint_to_evaluate(
+            self.config.subcommand, ckpt_path, run_dir, getattr(self, "run_base", None), wanted
+        )
 
     @override
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
@@ -334,7 +353,7 @@ class FLCLI(LightningCLI):
 
     def resolved_dict(self, config: Namespace) -> dict[str, Any]:
         """The config as ``config.yaml`` would hold it, as a nested dict."""
-        parser = self._parser(self.subcommand)
+        parser = self._parser(getattr(self, "subcommand", None) or self.config.get("subcommand"))  # set after parsing
         return yaml.safe_load(parser.dump(config, skip_none=False, skip_validation=True)) or {}
 
     @override

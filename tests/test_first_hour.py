@@ -194,6 +194,27 @@ def test_validate_works_and_predict_is_not_offered(tmp_path, capsys):
     assert "invalid choice: 'predict'" in capsys.readouterr().err
 
 
+def test_test_and_validate_refuse_an_untrained_model_and_find_last_as_a_resume_does(tmp_path, monkeypatch, capsys):
+    # Before: `test --config quickstart` scored a freshly initialised model (test/acc 0.1000, exit 0), and so did
+    # `--ckpt_path last` (Lightning only warned that there was no last checkpoint); `validate` without validation
+    # data printed nothing and exited 0.
+    monkeypatch.chdir(tmp_path)
+    base = ["--config", "quickstart", "--data.num_clients", "2"]
+    for command in ("test", "validate"):
+        assert run([command, *base]) == EXIT_CODES["bad input"]
+        assert f"error: {command} evaluates a trained global model: give --ckpt_path" in capsys.readouterr().err
+    assert run(["test", *base, "--ckpt_path", "last"]) == EXIT_CODES["bad input"]
+    assert "no checkpoints/last.ckpt in runs/quickstart (no version_N of these settings)" in capsys.readouterr().err
+    assert run(["fit", *base, "--federation.rounds", "1", "--trainer.enable_progress_bar", "false"]) == 0
+    final = read_summary(tmp_path / "runs" / "quickstart" / "version_0")["final_acc"]
+    capsys.readouterr()
+    assert run(["test", *base, "--ckpt_path", "last"]) == 0  # the newest version of these settings, as fit finds it
+    acc = re.search(r"test/acc\W+([0-9.]+)", capsys.readouterr().out)
+    assert acc is not None and float(acc.group(1)) == pytest.approx(final, abs=1e-6)
+    assert run(["validate", *base, "--ckpt_path", "last"]) == EXIT_CODES["bad input"]
+    assert "error: validate has no validation data: give the run's --data.holdout_per_class" in capsys.readouterr().err
+
+
 # ---- 3. methods by name ---------------------------------------------------------------------------------------------
 
 

@@ -56,3 +56,32 @@ def matching_version(base: str | os.PathLike[str], new_config: Mapping[str, Any]
         if saved is not None and not science_diff(saved, new_config):
             return path
     return None
+
+
+def checkpoint_to_evaluate(
+    command: str, ckpt_path: str | None, run_dir: Path, base: Path | None, config: Mapping[str, Any]
+) -> str:
+    """The checkpoint ``validate``/``test`` evaluate: the file named, or ``last`` found as a fit's resume finds it.
+
+    ``last`` is ``run_dir``'s ``checkpoints/last.ckpt``, or, when the command names no run directory (``base`` is
+    its default location), that of the newest version of the same experiment as ``config``. Without a checkpoint
+    the command would evaluate a freshly initialised model (Lightning only warns): that is refused.
+
+    Raises:
+        ValueError: no checkpoint given, or none found for ``last``; the message says what to give.
+    """
+    if ckpt_path is None:
+        raise ValueError(
+            f"{command} evaluates a trained global model: give --ckpt_path <run dir>/checkpoints/last.ckpt "
+            "(or --ckpt_path last, with the run's settings or its --config <run dir>/config.yaml)"
+        )
+    if ckpt_path != "last":
+        return str(ckpt_path)
+    found = matching_version(base, config) if base is not None else run_dir
+    last = found / "checkpoints" / "last.ckpt" if found is not None else None
+    if last is None or not last.is_file():
+        where = found if found is not None else f"{base} (no version_N of these settings)"
+        raise ValueError(
+            f"--ckpt_path last: no checkpoints/last.ckpt in {where}; give --ckpt_path <run dir>/checkpoints/last.ckpt"
+        )
+    return str(last)
