@@ -520,9 +520,9 @@ def _cli_class(args: Any, **attributes: Any) -> type[FLCLI]:
 def cli_main(args: list[str] | None = None, run: bool = True, overwrite: bool = False) -> FLCLI:
     """Build (and by default run) the command line; ``overwrite`` replaces a finished run in the run directory."""
     cli_class = _cli_class(args, overwrite=overwrite)
-    RUNNING["claimed"] = None
+    RUNNING["claimed"], failed = None, True
     try:
-        return cli_class(
+        cli = cli_class(
             L.LightningModule,  # any module by class path; the methods by name too (method_names)
             FederatedDataModule,
             subclass_mode_model=True,
@@ -534,11 +534,13 @@ def cli_main(args: list[str] | None = None, run: bool = True, overwrite: bool = 
             auto_configure_optimizers=False,
             parser_kwargs=_parser_kwargs(cli_class),
         )
+        failed = False
+        return cli
     finally:
         # A fit claims its run directory before checking it (FLCLI.after_instantiate_classes); released however
-        # the command ends.
+        # the command ends. One refused once its config.yaml was written (by the module's setup) leaves no folder.
         if RUNNING.get("claimed") is not None:
-            release_run_dir(RUNNING["claimed"])
+            release_run_dir(RUNNING["claimed"], disposable=("config.yaml",) if failed else ())
             RUNNING["claimed"] = None
         if RUNNING.pop("run_dir_env", False):
             os.environ.pop(_RUN_DIR_ENV, None)

@@ -32,6 +32,8 @@ from lightning.pytorch.callbacks import (
 )
 
 from fl_lightning.checkpoint import AtomicLastCheckpoint
+from fl_lightning.core.messages import first_line
+from fl_lightning.core.models import in_mode
 from fl_lightning.data import FederatedDataModule
 from fl_lightning.lightning_internals import checkpoints_within_epochs, max_time_seconds
 from fl_lightning.module import FedAvg
@@ -483,11 +485,35 @@ def check_pieces(
         raise ValueError(
             f"the model predicts {module.num_classes} classes but {datamodule.dataset} has {datamodule.num_classes}"
         )
+    if isinstance(module, FedAvg) and module.net is not None:
+        check_network_output(module, datamodule.input_sample(module.device), datamodule.num_classes)
     sizes = datamodule.client_sizes
     if datamodule.drop_last and min(sizes) < datamodule.batch_size:
         raise ValueError(
             f"with drop_last, clients smaller than one batch never train (smallest client {min(sizes)} "
             f"samples, batch size {datamodule.batch_size}); set --data.drop_last false or a smaller --data.batch_size"
+        )
+
+
+def check_network_output(module: FedAvg, sample: torch.Tensor, num_classes: int) -> None:
+    """A method's network takes the data's inputs and returns one logit per class (checked on ``sample``, two of them).
+
+    Too few outputs failed mid-round (``Target 7 is out of bounds``), too many trained on without a word (and were
+    distilled as if they were classes); an input size the network does not take failed deep in its first layer.
+    """
+    with in_mode(module, training=False), torch.no_grad():
+        try:
+            out = module(sample.expand(2, *sample.shape))
+        except Exception as err:  # noqa: BLE001 - whatever the network raises, the fix is the same
+            raise ValueError(
+                f"the network cannot take the data's inputs of shape {tuple(sample.shape)} ({first_line(err)[:160]}); "
+                "give --model.net one that takes them (a built-in network adapts to the data)"
+            ) from None
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, num_classes):
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(
+            f"the network returns {got} for 2 inputs, but the data has {num_classes} classes: give --model.net one "
+            f"that returns logits [batch, {num_classes}] (e.g. --model.net.num_classes {num_classes})"
         )
 
 

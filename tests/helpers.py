@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from fl_lightning import FedAvg, FederatedDataModule, Federation
+from fl_lightning.core.sources import DataSource
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -115,3 +116,12 @@ def float64(method: type[FedAvg]) -> type[FedAvg]:
             return super().forward(x.double())
 
     return Float64
+
+
+class TabularSource(DataSource):
+    """Six features, two classes: data a built-in image network cannot take."""
+
+    def load(self) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
+        x = torch.randn(40, 6, generator=torch.Generator().manual_seed(0))
+        y = (x[:, 0] > 0).long()
+        return (x[:30], y[:30]), (x[30:], y[30:])

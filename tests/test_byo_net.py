@@ -48,6 +48,23 @@ def test_module_net_is_used_as_given_and_recorded(tmp_path):
     assert read_summary(tmp_path)["model"] == "test_byo_net.TinyNet"
 
 
+@pytest.mark.parametrize(
+    ("net", "match"),
+    [
+        # Before: "IndexError: Target 7 is out of bounds" in round 1 (too few outputs), or a run trained to its end on
+        # 12 outputs for 10 classes; a wrong input size failed deep in the first layer.
+        (TinyNet(num_classes=5), r"returns \(2, 5\) for 2 inputs, but the data has 10 classes: .*num_classes 10\)$"),
+        (TinyNet(num_classes=12), r"returns \(2, 12\) for 2 inputs, but the data has 10 classes"),
+        (nn.Sequential(nn.Flatten(), nn.Linear(60, 10)), r"cannot take the data's inputs of shape \(1, 8, 8\) \(mat1"),
+    ],
+    ids=["too-few-outputs", "too-many-outputs", "wrong-input-size"],
+)
+def test_a_network_that_does_not_fit_the_data_is_refused_before_training(tmp_path, net, match):
+    with pytest.raises(ValueError, match=match):
+        _fit(tmp_path, FedAvg(net=net), rounds=1)
+    assert not (tmp_path / "summary.json").exists()
+
+
 class _Stop(Exception):
     pass
 

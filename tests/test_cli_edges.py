@@ -254,6 +254,12 @@ def test_a_refused_fit_leaves_no_version_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert run(["fit", "--config", "quickstart", *TINY, "--data.alpha", "0"]) == EXIT_CODES["bad input"]
     assert not (tmp_path / "runs").exists()
+    # refused by the module's setup, once config.yaml was written: before, a version_0 holding only config.yaml
+    tabular = ["--data.dataset", "helpers.TabularSource", "--data.num_clients", "2"]
+    assert run(["fit", "--config", "quickstart", *TINY, *tabular]) == EXIT_CODES["bad input"]
+    assert not (tmp_path / "runs").exists()
+    assert run(["fit", "--config", "quickstart", *TINY, *tabular, "--trainer.default_root_dir", "mine"]) == 2
+    assert not (tmp_path / "mine").exists()
 
 
 def test_extending_a_completed_run_says_so_before_it_starts(done, capsys):

@@ -137,8 +137,12 @@ def move_claimed(run_dir: Path, aside: Path) -> None:
             held.close(unlink=True)
 
 
-def release_run_dir(run_dir: str | os.PathLike[str]) -> None:
-    """Undo one :func:`claim_run_dir`; the last one unlocks, and removes a directory the claim made if still empty."""
+def release_run_dir(run_dir: str | os.PathLike[str], disposable: tuple[str, ...] = ()) -> None:
+    """Undo one :func:`claim_run_dir`; the last one unlocks, and removes a directory the claim made if still empty.
+
+    ``disposable``: files this fit wrote that go with such a directory when it holds nothing else (a fit refused
+    after writing its ``config.yaml``, so that no folder of only that file is left behind).
+    """
     key = _claim_key(run_dir)
     claim = _CLAIMS.get(key)
     if claim is None:
@@ -148,6 +152,11 @@ def release_run_dir(run_dir: str | os.PathLike[str]) -> None:
         return
     del _CLAIMS[key]
     claim.close(unlink=True)
+    folder = Path(os.path.expanduser(run_dir))
+    if disposable and folder in claim.created and folder.is_dir():
+        if {p.name for p in folder.iterdir()} <= set(disposable):
+            for name in disposable:
+                (folder / name).unlink(missing_ok=True)
     for folder in claim.created:  # only while empty: a fit refused or failed before writing anything
         try:
             folder.rmdir()
