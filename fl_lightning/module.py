@@ -185,8 +185,8 @@ class FederatedHooks:
         teachers = self.__dict__.get("_teacher_store")
         if not teachers:
             raise RuntimeError(
-                f"{type(self).__name__} has no teacher before its first client starts "
-                "(the Federation callback refreshes it when teacher_needed(client) is True)"
+                f"{type(self).__name__} has no teacher: set `uses_teacher = True` on the class (or return True from "
+                "teacher_needed(client)) so that the Federation callback refreshes it before each client starts"
             )
         return frozen_forward(teachers[0], x)
 
