@@ -84,7 +84,7 @@ def check_config_method(value: str, option: str = "--config") -> None:
         if name != model:
             raise ValueError(
                 f"{option} {value}: model: {model} is the command line's name for {name}; in a config file write "
-                f"model: {name} (or class_path: fl_lightning.{name} under model)"
+                f"model: {name} (or class_path: {path} under model)"
             )
 
 
