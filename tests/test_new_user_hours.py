@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import importlib
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +15,8 @@ from helpers import tiny_run
 
 from fl_lightning import FedAvg
 from fl_lightning.cli_args import check_config_method
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 class _KDNoFlag(FedAvg):
@@ -38,3 +43,27 @@ def test_config_short_name_message_gives_a_class_path_that_imports(tmp_path) -> 
     path = re.search(r"class_path: (\S+) under model", str(err.value)).group(1)
     module, name = path.rsplit(".", 1)
     assert getattr(importlib.import_module(module), name).__name__ == "FedNTD"
+
+
+def test_cli_py_without_a_dependency_says_to_use_the_venv_in_one_line() -> None:
+    # Before: `python cli.py fit ...` outside the venv ended with a traceback, ModuleNotFoundError: jsonargparse.
+    hide = "import runpy, sys; sys.modules['jsonargparse'] = None; sys.argv = ['cli.py', 'fit']; "
+    out = subprocess.run(
+        [sys.executable, "-c", hide + "runpy.run_path('cli.py', run_name='__main__')"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2
+    assert out.stdout == ""
+    assert out.stderr == (
+        f"error: jsonargparse is not installed in this Python ({sys.executable}); run bash scripts/setup_venv.sh "
+        "and use .venv/bin/python (or activate .venv)\n"
+    )
+
+
+def test_guide_commands_use_the_venvs_python() -> None:
+    # Before: the guide's pages wrote bare `python cli.py`, README `.venv/bin/python cli.py`.
+    for page in sorted((ROOT / "docs/source/guide").glob("*.md")):
+        assert not re.search(r"(?<![/\w])python cli\.py", page.read_text()), page.name
