@@ -271,6 +271,13 @@ class FedAvg(FederatedHooks, L.LightningModule):
         clip_grad_norm: float | None = None,
     ) -> None:
         super().__init__()
+        if isinstance(net, str) and net not in MODELS and ("." in net or net[:1].isupper()):
+            # A network's class path as results and checkpoints record it: the network itself is not saved.
+            raise ValueError(
+                f"unknown model {net!r}: it names a network of your own (a checkpoint records only its class path); "
+                f"pass the network itself: net=MyNet(), and for a checkpoint "
+                f"{type(self).__name__}.load_from_checkpoint(path, net=MyNet())"
+            )
         if isinstance(net, str) and net not in MODELS:
             raise ValueError(
                 f"unknown model {net!r}; choose one of {', '.join(MODELS)}, or pass an nn.Module "

@@ -8,13 +8,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import tiny_run
+from helpers import bare_trainer, tiny_run
+from torch import nn
 
-from fl_lightning import FedAvg
+from fl_lightning import FedAvg, FederatedDataModule, Federation
 from fl_lightning.cli_args import check_config_method
+from fl_lightning.methods import FedNTD
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -67,3 +70,20 @@ def test_guide_commands_use_the_venvs_python() -> None:
     # Before: the guide's pages wrote bare `python cli.py`, README `.venv/bin/python cli.py`.
     for page in sorted((ROOT / "docs/source/guide").glob("*.md")):
         assert not re.search(r"(?<![/\w])python cli\.py", page.read_text()), page.name
+
+
+def test_loading_a_checkpoint_of_your_own_network_says_to_pass_net(tmp_path) -> None:
+    # Before: "unknown model 'torch.nn.modules.container.Sequential'; choose one of lenet, ...".
+    dm = FederatedDataModule("digits", num_clients=2, batch_size=256)
+    checkpoint = L.pytorch.callbacks.ModelCheckpoint(save_last=True, save_top_k=0)
+    trainer = bare_trainer(tmp_path, Federation(rounds=1, plots=False), checkpoint, enable_checkpointing=True)
+    trainer.fit(FedNTD(net=_own_net(), lr=0.05), datamodule=dm)
+    path = tmp_path / "checkpoints" / "last.ckpt"
+    with pytest.raises(ValueError, match=re.escape("FedNTD.load_from_checkpoint(path, net=MyNet())")) as err:
+        FedNTD.load_from_checkpoint(path)
+    assert "unknown model 'torch.nn.modules.container.Sequential': it names a network of your own" in str(err.value)
+    assert isinstance(FedNTD.load_from_checkpoint(path, net=_own_net()).net, nn.Sequential)  # as the message says
+
+
+def _own_net() -> nn.Module:
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
