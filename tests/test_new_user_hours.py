@@ -17,6 +17,7 @@ from torch import nn
 
 from fl_lightning import FedAvg, FederatedDataModule, Federation
 from fl_lightning.cli_args import check_config_method
+from fl_lightning.core.models import MODELS
 from fl_lightning.methods import FedNTD
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,3 +88,13 @@ def test_loading_a_checkpoint_of_your_own_network_says_to_pass_net(tmp_path) -> 
 
 def _own_net() -> nn.Module:
     return nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+
+
+def test_models_registry_refuses_a_network_instance() -> None:
+    # Before: MODELS["inst"] = nn.Linear(64, 10) was accepted (an nn.Module is callable), and every fit by that name
+    # shared (or failed on) the one network.
+    with pytest.raises(TypeError, match=r"MODELS\['inst'\] .*got a built Linear; register a function or class") as err:
+        MODELS["inst"] = nn.Linear(64, 10)
+    assert "\n" not in str(err.value) and "inst" not in MODELS
+    MODELS["inst"] = lambda channels, size, classes: nn.Linear(channels * size * size, classes)  # a builder: accepted
+    del MODELS["inst"]

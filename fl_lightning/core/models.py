@@ -205,7 +205,12 @@ def resnet50(in_channels: int, image_size: ImageSize, num_classes: int) -> nn.Mo
 
 
 def _builder_entry(name: str, entry: object) -> str | None:
-    """What is wrong with a :data:`MODELS` entry, if anything."""
+    """What is wrong with a :data:`MODELS` entry, if anything; a built network (callable too) is refused."""
+    if isinstance(entry, nn.Module):
+        return (
+            f"must be a builder (in_channels, image_size, num_classes), got a built {type(entry).__name__}; register "
+            "a function or class that builds the network (or pass the network itself as net=)"
+        )
     return None if callable(entry) else f"must be a builder (in_channels, image_size, num_classes), got {short(entry)}"
 
 
