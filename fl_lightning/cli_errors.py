@@ -184,7 +184,25 @@ def _unknown_option(keys: list[str], class_path: str, name: str) -> str:
     close = difflib.get_close_matches(name, options, n=1, cutoff=0.6)
     prefix = "--" + ".".join(keys)
     hint = f"; did you mean {prefix}.{close[0]}?" if close else ""
+    if not close and keys == ["model"]:
+        hint = _other_methods_option(name, attr)
     return f"{prefix}.{name}: {attr or class_path} has no option {name}{hint}"
+
+
+def _other_methods_option(name: str, current: str) -> str:
+    """``; it is an option of FedNTD: give --model <method> before its options`` when other methods take ``name``."""
+    from fl_lightning.methods import METHODS
+
+    owners = sorted(
+        {
+            cls.__name__
+            for cls in METHODS.values()
+            if cls.__name__ != current and name in inspect.signature(cls).parameters
+        }
+    )
+    if not owners:
+        return ""
+    return f"; it is an option of {', '.join(owners)}: give --model <method> before its options"
 
 
 def _parser_line(lines: list[str]) -> str:

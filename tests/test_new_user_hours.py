@@ -12,10 +12,11 @@ import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import bare_trainer, tiny_run
+from helpers import bare_trainer, quickstart_fit_args, tiny_run
 from torch import nn
 
 from fl_lightning import FedAvg, FederatedDataModule, Federation
+from fl_lightning.cli import EXIT_CODES, run
 from fl_lightning.cli_args import check_config_method
 from fl_lightning.core.models import MODELS
 from fl_lightning.methods import FedNTD
@@ -98,3 +99,13 @@ def test_models_registry_refuses_a_network_instance() -> None:
     assert "\n" not in str(err.value) and "inst" not in MODELS
     MODELS["inst"] = lambda channels, size, classes: nn.Linear(channels * size * size, classes)  # a builder: accepted
     del MODELS["inst"]
+
+
+def test_a_methods_option_before_the_method_says_to_give_the_method_first(tmp_path, capsys) -> None:
+    # Before: "error: --model.beta: FedAvg has no option beta", while the other order works.
+    args = quickstart_fit_args(tmp_path / "r", "--model.beta", "0.5", "--model", "fedntd", rounds=1)
+    assert run(args) == EXIT_CODES["bad input"]
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: --model.beta: FedAvg has no option beta; it is an option of ")
+    assert "FedNTD" in line and line.endswith(": give --model <method> before its options")
+    assert not (tmp_path / "r").exists()
