@@ -183,7 +183,7 @@ def method_class_path(value: str, option: str = "--model") -> str:
     names = {key(short): short for short in methods.METHODS}
     hint = f"did you mean {names.get(close[0], by_key[close[0]].__name__)}? " if close else ""
     raise ValueError(
-        f"{option} {value}: unknown method; {hint}The methods are {', '.join(methods.METHODS)} (any case), "
+        f"{option} {value}: unknown method; {hint}the methods are {', '.join(methods.METHODS)} (any case), "
         f"or give a class path such as mypkg.MyMethod"
     )
 

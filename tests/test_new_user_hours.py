@@ -109,3 +109,31 @@ def test_a_methods_option_before_the_method_says_to_give_the_method_first(tmp_pa
     assert line.startswith("error: --model.beta: FedAvg has no option beta; it is an option of ")
     assert "FedNTD" in line and line.endswith(": give --model <method> before its options")
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--federation.sample_ratio", "0"],
+            "error: sample_ratio must be in (0, 1], got 0.0; give a fraction of the clients "
+            "(--federation.sample_ratio)",
+        ),
+        (
+            ["--data.batch_size", "0"],
+            "error: batch sizes must be positive, got batch_size=0 and eval_batch_size=1024; give at least 1 "
+            "(--data.batch_size, --data.eval_batch_size)",
+        ),
+        (
+            ["--data.partition", "shard", "--data.shards_per_client", "500"],
+            "lower shards_per_client or num_clients (--data.shards_per_client, --data.num_clients)",
+        ),
+        (["--model", "fedavgx"], "error: --model fedavgx: unknown method; did you mean fedavg? the methods are "),
+    ],
+)
+def test_a_bad_value_names_its_option(tmp_path, capsys, args, message) -> None:
+    # Before: "sample_ratio must be in (0, 1], got 0.0", "batch sizes must be positive, got 0 and 1024", "lower
+    # shards_per_client or num_clients" named no option; "unknown method; The methods..." had a stray capital.
+    assert run(quickstart_fit_args(tmp_path / "r", *args, rounds=1)) == EXIT_CODES["bad input"]
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert message in line and line.startswith("error: ")

@@ -128,7 +128,10 @@ def check_options(
     if holdout_per_class < 0:
         raise ValueError(f"holdout_per_class must be >= 0, got {holdout_per_class}")
     if batch_size < 1 or eval_batch_size < 1:
-        raise ValueError(f"batch sizes must be positive, got {batch_size} and {eval_batch_size}")
+        raise ValueError(
+            f"batch sizes must be positive, got batch_size={batch_size} and eval_batch_size={eval_batch_size}; "
+            "give at least 1 (--data.batch_size, --data.eval_batch_size)"
+        )
     if num_workers < 0:
         raise ValueError(f"num_workers must be >= 0, got {num_workers}")
     return given

@@ -170,7 +170,7 @@ def shard(labels: Labels, num_clients: int, shards_per_client: int, seed: int = 
     if num_shards > len(y):
         raise ValueError(
             f"{num_clients} clients x {shards_per_client} shards = {num_shards} shards exceed the {len(y)} samples; "
-            "lower shards_per_client or num_clients"
+            "lower shards_per_client or num_clients (--data.shards_per_client, --data.num_clients)"
         )
     rng = np.random.default_rng(seed)
     shuffled = rng.permutation(len(y))

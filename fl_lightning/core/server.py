@@ -53,7 +53,7 @@ class FederatedServer:
     >>> FederatedServer(sample_ratio=0.0)
     Traceback (most recent call last):
     ...
-    ValueError: sample_ratio must be in (0, 1], got 0.0
+    ValueError: sample_ratio must be in (0, 1], got 0.0; give a fraction of the clients (--federation.sample_ratio)
     """
 
     def __init__(
@@ -69,7 +69,11 @@ class FederatedServer:
         client_state_mb: float | None = None,
     ) -> None:
         require(rounds >= 1, f"rounds must be at least 1, got {rounds}")
-        require(0 < sample_ratio <= 1, f"sample_ratio must be in (0, 1], got {sample_ratio}")
+        require(
+            0 < sample_ratio <= 1,
+            f"sample_ratio must be in (0, 1], got {sample_ratio}; give a fraction of the clients "
+            "(--federation.sample_ratio)",
+        )
         require(local_epochs >= 1, f"local_epochs must be at least 1, got {local_epochs}")
         require(aggregation in ("weighted", "uniform"), f"aggregation must be weighted or uniform, got {aggregation}")
         require(0 < lr_decay <= 1, f"lr_decay must be in (0, 1], got {lr_decay}")
