@@ -58,7 +58,8 @@ class FederatedHooks:
     for the keys that :attr:`upload_reduce` maps to ``"sum"``. Persistent state lives in ``server.state`` (the
     method's server state) and ``client.state`` (one dict per client, on the CPU or disk between rounds); the
     callback checkpoints both, so a resumed run continues exactly. MOON keeps each client's previous model in
-    ``client.state``; SCAFFOLD keeps the server control variate in ``server.state``.
+    ``client.state``; SCAFFOLD keeps the server control variate in ``server.state``. ``server.round`` and
+    ``client.round`` are 0-based: the run's first round, printed ``round 1/...``, is round 0.
     """
 
     #: Short name used in results and tables (``summary.json``'s ``method``); a subclass that does not set its own

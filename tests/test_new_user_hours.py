@@ -18,6 +18,7 @@ from torch import nn
 from fl_lightning import FedAvg, FederatedDataModule, Federation
 from fl_lightning.cli import EXIT_CODES, run
 from fl_lightning.cli_args import check_config_method
+from fl_lightning.core.context import ClientContext, ServerContext
 from fl_lightning.core.models import MODELS
 from fl_lightning.methods import FedNTD
 
@@ -137,3 +138,24 @@ def test_a_bad_value_names_its_option(tmp_path, capsys, args, message) -> None:
     assert run(quickstart_fit_args(tmp_path / "r", *args, rounds=1)) == EXIT_CODES["bad input"]
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert message in line and line.startswith("error: ")
+
+
+class _Rounds(FedAvg):
+    """Records the round its contexts carry."""
+
+    seen: list[tuple[str, int]] = []
+
+    def on_round_start(self, server: ServerContext) -> dict:
+        self.seen.append(("server", server.round))
+        return {}
+
+    def on_client_start(self, client: ClientContext) -> None:
+        self.seen.append(("client", client.round))
+
+
+def test_hook_contexts_rounds_are_0_based_as_rounds_md_says(tmp_path) -> None:
+    _Rounds.seen = []
+    tiny_run(tmp_path, _Rounds, rounds=2, data_kwargs={"num_clients": 1})
+    assert _Rounds.seen == [("server", 0), ("client", 0), ("server", 1), ("client", 1)]
+    table = (ROOT / "docs/source/rounds.md").read_text()
+    assert "`ServerContext`: round (0-based" in table and "`ClientContext`: round (0-based" in table
