@@ -159,3 +159,11 @@ def test_hook_contexts_rounds_are_0_based_as_rounds_md_says(tmp_path) -> None:
     assert _Rounds.seen == [("server", 0), ("client", 0), ("server", 1), ("client", 1)]
     table = (ROOT / "docs/source/rounds.md").read_text()
     assert "`ServerContext`: round (0-based" in table and "`ClientContext`: round (0-based" in table
+
+
+def test_your_code_snippet_pastes_whole_without_resuming_a_completed_run() -> None:
+    # Before: the snippet ran trainer.fit(..., ckpt_path="last") right after the completed fit: RunDirError.
+    text = (ROOT / "docs/source/guide/your_code.md").read_text()
+    for block in re.findall(r"```python\n(.*?)```", text, re.S):
+        resumes = [line for line in block.splitlines() if 'ckpt_path="last"' in line]
+        assert all(line.lstrip().startswith("#") for line in resumes), resumes
