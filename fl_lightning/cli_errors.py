@@ -134,6 +134,11 @@ def _class_argument_reason(text: str) -> str | None:
     unknown = re.fullmatch(r"Option '(\w+)' is not accepted", reason)
     if unknown is not None:
         return _unknown_option(keys, through_class[-1], unknown.group(1))
+    required = re.fullmatch(r"the following arguments are required: (\w+(?:, \w+)*)", reason)
+    if required is not None:  # a class of your own needs arguments: say how to give them
+        prefix = "--" + ".".join(keys)
+        given = " ".join(f"{prefix}.init_args.{name} <value>" for name in required.group(1).split(", "))
+        return f"{prefix}: {reason}; give {given}"
     return f"--{'.'.join(keys)}: {_expected(reason)}"
 
 

@@ -282,7 +282,7 @@ class FedAvg(FederatedHooks, L.LightningModule):
         if isinstance(net, str) and net not in MODELS:
             raise ValueError(
                 f"unknown model {net!r}; choose one of {', '.join(MODELS)}, or pass an nn.Module "
-                '(in YAML: {"class_path": "mypkg.MyNet"}; on the command line: --model.net.class_path mypkg.MyNet)'
+                '(in YAML: {"class_path": "mypkg.MyNet"}; on the command line: --model.net mypkg.MyNet)'
             )
         if not isinstance(net, nn.Module | str):
             raise TypeError(f"net must be an nn.Module or a built-in network's name, got {type(net).__name__}")

@@ -167,3 +167,33 @@ def test_your_code_snippet_pastes_whole_without_resuming_a_completed_run() -> No
     for block in re.findall(r"```python\n(.*?)```", text, re.S):
         resumes = [line for line in block.splitlines() if 'ckpt_path="last"' in line]
         assert all(line.lstrip().startswith("#") for line in resumes), resumes
+
+
+NEEDS_CLASSES = """
+from torch import nn
+
+
+class NeedsClasses(nn.Module):
+    def __init__(self, num_classes: int) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Flatten(), nn.Linear(64, num_classes))
+
+    def forward(self, x):
+        return self.body(x)
+"""
+
+
+def test_your_network_needing_num_classes_is_told_and_given_as_the_docs_say(tmp_path, capsys, monkeypatch) -> None:
+    # Before: "error: --model.net: the following arguments are required: num_classes", and no page said how.
+    (tmp_path / "fl_new_user_nets.py").write_text(NEEDS_CLASSES)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    net = ("--model.net", "fl_new_user_nets.NeedsClasses")
+    assert run(quickstart_fit_args(tmp_path / "r", *net, rounds=1)) == EXIT_CODES["bad input"]
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: --model.net: the following arguments are required: num_classes; give "
+        "--model.net.init_args.num_classes <value>"
+    ]
+    assert run(quickstart_fit_args(tmp_path / "r", *net, "--model.net.init_args.num_classes", "10", rounds=1)) == 0
+    assert "--model.net mypkg.MyNet --model.net.init_args.num_classes 10" in (
+        ROOT / "docs/source/guide/your_code.md"
+    ).read_text().replace("\n  ", " ")
