@@ -513,7 +513,7 @@ def check_network_output(module: FedAvg, sample: torch.Tensor, num_classes: int)
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise ValueError(
             f"the network returns {got} for 2 inputs, but the data has {num_classes} classes: give --model.net one "
-            f"that returns logits [batch, {num_classes}] (e.g. --model.net.num_classes {num_classes})"
+            f"that returns logits [batch, {num_classes}] (e.g. --model.net.init_args.num_classes {num_classes})"
         )
 
 
