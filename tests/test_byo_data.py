@@ -325,3 +325,17 @@ def test_classes_no_client_holds_are_warned_of_and_every_class_held_is_not():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         enough.setup()
+
+
+def test_a_source_returning_one_split_instead_of_two_says_so():
+    # Before: "dataset items must be (x, y) pairs, got Tensor", naming neither load() nor what to return.
+    from fl_lightning.core.sources import DataSource
+
+    class Flat(DataSource):
+        def load(self):
+            return torch.randn(10, 3), torch.arange(10) % 2
+
+    with pytest.raises(
+        TypeError, match=r"^Flat.load\(\) returned 2 tensors; return the splits, .*\(x_test, y_test\)\)$"
+    ):
+        FederatedDataModule(Flat(), num_clients=2)

@@ -350,6 +350,11 @@ def load_source(
             f"{type(source).__name__}.load() must return (train, test) or (train, test, val), "
             f"got {type(loaded).__name__}"
         )
+    if all(isinstance(part, Tensor) for part in loaded):  # (x, y) of one split, not (train, test)
+        raise TypeError(
+            f"{type(source).__name__}.load() returned {len(loaded)} tensors; return the splits, each a pair of "
+            "tensors or a dataset: ((x_train, y_train), (x_test, y_test))"
+        )
     train, test, val = (*loaded, None)[:3]
     check_class_maps(train, test, val)
     opts = (in_memory, num_workers, pin_memory, info)
