@@ -322,10 +322,6 @@ def _dispatch(args: list[str], debug: bool, overwrite: bool) -> int:
             if debug:
                 raise
             return _error(one_line(err), EXIT_CODES["bad input"])
-        except OSError as err:  # a folder it writes into went away or filled up while it ran
-            if debug:
-                raise
-            return _error(one_line(err), EXIT_CODES["failed"])
         except KeyboardInterrupt:
             if debug:
                 raise
@@ -338,6 +334,10 @@ def _dispatch(args: list[str], debug: bool, overwrite: bool) -> int:
             message = "compare stopped: the pipe its output went to was closed; its fits were stopped (run the same "
             message += "command again to continue; finished runs are kept)"
             return _error(message, EXIT_CODES["interrupted"])
+        except OSError as err:  # after BrokenPipeError, an OSError too: a folder went away or filled up while it ran
+            if debug:
+                raise
+            return _error(one_line(err), EXIT_CODES["failed"])
     import fl_lightning.lightning_cli  # noqa: F401  (Lightning and torch: imported while the start-up handlers hold)
     from fl_lightning.cli_args import SUBCOMMANDS
 
