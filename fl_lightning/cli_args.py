@@ -154,6 +154,26 @@ def run_base(argv: list[str]) -> Path | None:
     return Path("runs") / (name or "default")
 
 
+def saved_run_dir(argv: list[str]) -> Path | None:
+    """The run directory whose own saved ``config.yaml`` the command gives with ``--config`` (where the file lies).
+
+    So that ``--config <run>/config.yaml --ckpt_path last`` continues that run from any working directory, and after
+    the run (or the project) was moved: the ``default_root_dir`` inside the file is where the run was written
+    then. None when ``--trainer.default_root_dir`` names the directory, or no such file is given.
+    """
+    found = None
+    for i, arg in enumerate(argv):
+        option, _, value = arg.partition("=")
+        if option in ("--trainer.default_root_dir", "--fit.trainer.default_root_dir"):
+            return None
+        if option in ("--config", "-c"):
+            path = Path(value or (argv[i + 1] if i + 1 < len(argv) else ""))
+            run = path.parent
+            if path.name == "config.yaml" and ((run / "summary.json").is_file() or (run / "checkpoints").is_dir()):
+                found = run
+    return found
+
+
 def method_class_path(value: str, option: str = "--model") -> str:
     """A method named as in the results (``fedntd``, ``FedNTD``, ``fedlmd_tf``; any case) as its class path.
 

@@ -39,6 +39,7 @@ from fl_lightning.cli_args import (  # cli_args imports the methods: `--model Fe
     missing_method,
     named_configs,
     run_base,
+    saved_run_dir,
     tensorboard_save_dir,
 )
 from fl_lightning.core import faults
@@ -77,8 +78,6 @@ class RunConfigSaver(SaveConfigCallback):
             os.makedirs(run_dir, exist_ok=True)
             saved = self.config.clone()
             saved["ckpt_path"] = None  # the file describes the experiment; `--config` of it starts, not resumes
-            # Absolute, so that `--config <run>/config.yaml --ckpt_path last` resumes this run from any directory.
-            saved["trainer"]["default_root_dir"] = str(Path(run_dir).absolute())
             text = self.parser.dump(saved, skip_none=False)
             write_text_atomic(Path(run_dir) / self.config_filename, text)
             config = self.config.clone().as_dict() if hasattr(self.config, "as_dict") else dict(self.config)
@@ -181,6 +180,8 @@ class FLCLI(LightningCLI):
         trainer = config.get("trainer")
         if trainer is None:
             return
+        if getattr(self, "own_run_dir", None) is not None:  # --config <run>/config.yaml: that run, where it lies now
+            trainer["default_root_dir"] = str(self.own_run_dir)
         if isinstance(trainer.get("default_root_dir"), str):  # `~/runs/x`: one directory for the claim, checks, fit
             trainer["default_root_dir"] = os.path.expanduser(trainer["default_root_dir"])
         _trainer_rules(trainer)
@@ -326,7 +327,7 @@ class FLCLI(LightningCLI):
         if ckpt_path == "last" and trainer.get("precision") is None:  # as the fit resolved it, to match its version
             trainer["precision"] = rules.default_precision(trainer.get("accelerator"))
         wanted = {k: v for k, v in self.resolved_dict(config).items() if k != "verbose"}  # the command's, not the run's
-        run_dir = Path(os.path.expanduser(str(trainer["default_root_dir"])))
+        run_dir = Path(os.path.expanduser(str(getattr(self, "own_run_dir", None) or trainer["default_root_dir"])))
         return checkpoint_to_evaluate(
             self.config.subcommand, ckpt_path, run_dir, getattr(self, "run_base", None), wanted
         )
@@ -337,7 +338,7 @@ class FLCLI(LightningCLI):
         if isinstance(argv, list):
             argv = tensorboard_save_dir(class_paths(method_names(named_configs(argv))))
             check_logger_packages(argv)
-            self.run_base = run_base(argv)
+            self.run_base, self.own_run_dir = run_base(argv), saved_run_dir(argv)
         try:
             super().parse_arguments(parser, argv)
         except ArgumentError as err:

@@ -185,12 +185,16 @@ def test_a_named_run_directory_is_used_as_given(tmp_path, monkeypatch):
     assert run(["fit", "--config", saved, "--federation.rounds", "2", "--ckpt_path", "last"]) == 0
     assert read_summary(tmp_path / "mine")["rounds_done"] == 2
     assert not (tmp_path / "runs").exists()
-    # from another directory too: the saved config names the run directory by its absolute path
+    # from another directory too, and after the run was moved: the saved config names the folder it lies in
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "elsewhere")
     assert run(["fit", "--config", saved, "--federation.rounds", "3", "--ckpt_path", "last"]) == 0
     assert read_summary(tmp_path / "mine")["rounds_done"] == 3
     assert list((tmp_path / "elsewhere").iterdir()) == []
+    shutil.move(tmp_path / "mine", tmp_path / "moved")
+    moved = str(tmp_path / "moved" / "config.yaml")
+    assert run(["fit", "--config", moved, "--federation.rounds", "4", "--ckpt_path", "last"]) == 0
+    assert read_summary(tmp_path / "moved")["rounds_done"] == 4 and not (tmp_path / "mine").exists()
 
 
 def test_a_completed_version_tells_how_to_rerun_it_as_a_versioned_command_can(tmp_path, monkeypatch, capsys):
