@@ -369,8 +369,12 @@ class FederatedDataModule(L.LightningDataModule):
             rank_zero_warn(
                 f"no client holds class{'es' if len(unheld) > 1 else ''} {', '.join(map(str, unheld))} "
                 f"({self.partition_label} over {self.num_clients} clients): the test set's samples of "
-                f"{'them' if len(unheld) > 1 else 'it'} are never trained on; raise --data.num_clients "
-                f"to at least {self.num_classes} to train every class"
+                f"{'them' if len(unheld) > 1 else 'it'} are never trained on"
+                + (
+                    f"; raise --data.num_clients to at least {self.num_classes} to train every class"
+                    if self.partition_label.startswith("classes_per_client")
+                    else ""
+                )
             )
 
     def _own_stats(self) -> tuple[list[float], list[float]]:

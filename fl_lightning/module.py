@@ -272,7 +272,7 @@ class FedAvg(FederatedHooks, L.LightningModule):
         clip_grad_norm: float | None = None,
     ) -> None:
         super().__init__()
-        if isinstance(net, str) and net not in MODELS and ("." in net or net[:1].isupper()):
+        if isinstance(net, str) and net not in MODELS and "." in net:
             # A network's class path as results and checkpoints record it: the network itself is not saved.
             raise ValueError(
                 f"unknown model {net!r}: it names a network of your own (a checkpoint records only its class path); "

@@ -501,13 +501,18 @@ def check_network_output(module: FedAvg, sample: torch.Tensor, num_classes: int)
     Too few outputs failed mid-round (``Target 7 is out of bounds``), too many trained on without a word (and were
     distilled as if they were classes); an input size the network does not take failed deep in its first layer.
     """
-    with in_mode(module, training=False), torch.no_grad():
+    first = next(module.parameters(), None)  # a network moved or cast by its user takes its inputs there
+    if first is not None:
+        sample = sample.to(first.device, first.dtype if first.is_floating_point() else sample.dtype)
+    # Two separate rows (a network may work on its input in place); the global RNG as it was (a lazy layer draws).
+    with in_mode(module, training=False), torch.no_grad(), torch.random.fork_rng(devices=[]):
         try:
-            out = module(sample.expand(2, *sample.shape))
+            out = module(torch.stack([sample, sample]))
         except Exception as err:  # noqa: BLE001 - whatever the network raises, the fix is the same
             raise ValueError(
-                f"the network cannot take the data's inputs of shape {tuple(sample.shape)} ({first_line(err)[:160]}); "
-                "give --model.net one that takes them (a built-in network adapts to the data)"
+                f"the network failed on two of the data's inputs of shape {tuple(sample.shape)} "
+                f"({first_line(err)[:160]}); give --model.net one that takes them (a built-in network adapts to "
+                "the data)"
             ) from None
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, num_classes):
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__

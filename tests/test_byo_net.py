@@ -55,7 +55,7 @@ def test_module_net_is_used_as_given_and_recorded(tmp_path):
         # 12 outputs for 10 classes; a wrong input size failed deep in the first layer.
         (TinyNet(num_classes=5), r"returns \(2, 5\) for 2 inputs, but the data has 10 classes: .*num_classes 10\)$"),
         (TinyNet(num_classes=12), r"returns \(2, 12\) for 2 inputs, but the data has 10 classes"),
-        (nn.Sequential(nn.Flatten(), nn.Linear(60, 10)), r"cannot take the data's inputs of shape \(1, 8, 8\) \(mat1"),
+        (nn.Sequential(nn.Flatten(), nn.Linear(60, 10)), r"failed on two of the data's inputs of shape \(1, 8, 8\)"),
     ],
     ids=["too-few-outputs", "too-many-outputs", "wrong-input-size"],
 )
@@ -63,6 +63,17 @@ def test_a_network_that_does_not_fit_the_data_is_refused_before_training(tmp_pat
     with pytest.raises(ValueError, match=match):
         _fit(tmp_path, FedAvg(net=net), rounds=1)
     assert not (tmp_path / "summary.json").exists()
+
+
+class _InPlace(TinyNet):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.clamp_(-5, 5))  # works on its input in place
+
+
+def test_a_network_working_on_its_input_in_place_passes_the_check(tmp_path):
+    # Found by review: the check's two inputs were one expanded row, which an in-place op refuses.
+    fed = _fit(tmp_path, FedAvg(net=_InPlace()), rounds=1)
+    assert len(fed.history) == 1 and read_summary(tmp_path)["status"] == "completed"
 
 
 class _Stop(Exception):

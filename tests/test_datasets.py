@@ -213,6 +213,24 @@ def test_a_cifar_folder_missing_one_batch_names_it_and_is_not_passed_over(tmp_pa
         load_dataset("cifar10", str(full))  # a complete set in the root itself is not used instead
 
 
+def test_a_partial_cifar_folder_is_left_to_torchvision_with_download(tmp_path: Path, monkeypatch) -> None:
+    import torchvision.datasets as tvd
+
+    names = [f"data_batch_{b}" for b in range(1, 6)] + ["test_batch"]
+    folder = tmp_path / "cifar-10-batches-py"
+    for name in names[1:]:
+        write_batch(folder / name, np.zeros((1, 3, 32, 32), np.uint8), [0], b"labels")
+    called = []
+
+    def fake(root: str, train: bool, download: bool) -> None:  # extracts the batches again, as torchvision does
+        called.append(train)
+        write_batch(folder / names[0], np.zeros((1, 3, 32, 32), np.uint8), [1], b"labels")
+
+    monkeypatch.setattr(tvd, "CIFAR10", fake)
+    data = load_dataset("cifar10", str(tmp_path), download=True)
+    assert called == [True, False] and data.train_y.tolist() == [1, 0, 0, 0, 0]
+
+
 def test_missing_cifar(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="cifar-10-batches-py(.|\n)*--data.download true"):
         load_dataset("cifar10", str(tmp_path))

@@ -318,6 +318,26 @@ def test_the_settings_fingerprint_leaves_out_what_a_node_may_have_of_its_own() -
     ]
 
 
+def test_the_fingerprint_takes_one_setting_as_one_however_it_is_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Found by review: a class path by its alias, an option left None, or (for Flower) the precision a node's own GPU
+    # chose were refused as differences between identically started nodes.
+    from fl_lightning.core import agreement
+    from fl_lightning.core.agreement import differences, settings_fingerprint
+
+    alias, full = (
+        {"model": {"class_path": "fl_lightning.FedAvg"}},
+        {"model": {"class_path": "fl_lightning.module.FedAvg"}},
+    )
+    assert differences(settings_fingerprint(alias), settings_fingerprint(full)) == []
+    assert differences(settings_fingerprint({"data": {"new_option": None}}), settings_fingerprint({})) == []
+    cpu, gpu = {"trainer": {"precision": "32-true"}}, {"trainer": {"precision": "bf16-mixed"}}
+    assert differences(settings_fingerprint(cpu, science_only=True), settings_fingerprint(gpu, science_only=True)) == []
+    monkeypatch.setattr(agreement, "is_distributed", lambda: True)
+    monkeypatch.setattr(agreement, "all_gather_object", lambda own: [own, (1, settings_fingerprint(gpu))])
+    with pytest.raises(ValueError, match=r"precision: 32-true -> bf16-mixed \(the precision each machine's GPU chose"):
+        agreement.check_same_settings(cpu, 0)  # torchrun's processes train together: refused, saying why
+
+
 def test_nodes_with_other_settings_are_refused_on_every_rank(monkeypatch: pytest.MonkeyPatch) -> None:
     """What each rank does with the gathered fingerprints (the gather itself runs in the two-node test below)."""
     from fl_lightning.core import agreement

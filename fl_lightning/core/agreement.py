@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from fl_lightning.core.distributed import all_gather_object, is_distributed
+from fl_lightning.core.registry import import_path
 from fl_lightning.core.rundir import flatten, is_science_key
 
 #: Config keys (dotted; a key ending in ``.`` covers the keys under it) that may differ between the nodes of one run:
@@ -77,8 +78,13 @@ def settings_fingerprint(config: Mapping[str, Any], science_only: bool = False) 
     for key, value in sorted(flatten(config).items()):
         if any(part.startswith("_") for part in key.split(".")) or _per_node(key):
             continue
-        if science_only and not is_science_key(key):
-            continue
+        if value is None and key != "ckpt_path":
+            continue  # an option left None is one left out (a node of an older version lacks it)
+        if science_only and (not is_science_key(key) or key == "trainer.precision"):
+            continue  # a Flower node's precision is its own hardware's (a CPU server, GPU nodes)
+        if key.endswith("class_path") and isinstance(value, str):  # fl_lightning.FedAvg is fl_lightning.module.FedAvg
+            cls = import_path(value)
+            value = f"{cls.__module__}.{cls.__qualname__}" if isinstance(cls, type) else value
         if key == "ckpt_path":
             value = "fresh" if value is None else "resume"
         out[key] = json.dumps(_canonical(value), sort_keys=True)
@@ -168,6 +174,8 @@ def check_same_settings(config: Mapping[str, Any], node: int = 0) -> None:
     nodes = [n for n, _ in gathered]
     problem = settings_disagreement([f for _, f in gathered], lambda i: f"rank {i} (node {nodes[i]})")
     if problem is not None:
+        if "trainer.precision:" in problem:  # unless given, each machine's own GPU chooses it
+            problem += " (the precision each machine's GPU chose: give --trainer.precision on every node)"
         raise ValueError(
             f"{problem} (rank 0's -> its); start every node with the same command line (only "
             f"{', '.join(k.rstrip('.') for k in PER_NODE_KEYS if not k.endswith('.'))} may differ)"

@@ -336,12 +336,17 @@ def _cifar_loader(
 ) -> Callable:
     title = tv_class.replace("CIFAR", "CIFAR-")
 
-    def find(root: Path) -> Path | None:
-        """The first of ``root/folder`` and ``root`` that holds any batch; it must hold all (no fall-back)."""
+    def find(root: Path, download: bool = False) -> Path | None:
+        """The first of ``root/folder`` and ``root`` that holds any batch; it must hold all (no fall-back).
+
+        With ``download``, a partial ``root/folder`` is left to torchvision, which extracts the batches again.
+        """
         for d in (root / folder, root):
             names = (*train_files, test_file)
             missing = [name for name in names if not (d / name).is_file()]
             if len(missing) < len(names):
+                if missing and download and d == root / folder:
+                    return None
                 if missing:
                     raise FileNotFoundError(
                         f"{d} holds {len(names) - len(missing)} of the {len(names)} {title} batches; missing: "
@@ -351,7 +356,7 @@ def _cifar_loader(
         return None
 
     def load(root: Path, download: bool) -> _Arrays:
-        directory = find(root)
+        directory = find(root, download)
         if directory is None and download:
             import torchvision.datasets as tvd
 

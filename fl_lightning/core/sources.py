@@ -315,7 +315,8 @@ def check_class_maps(train: Split, test: Split, val: Split | None = None) -> Non
         detail = "; ".join(p for p in parts if p) or f"{_names(moved)} numbered differently"
         raise ValueError(
             f"the {what} data's classes differ from the training data's ({detail}): the labels would not mean the "
-            f"same class; give both the same class folders (or the {what} dataset the training set's class_to_idx)"
+            f"same class; give both the same class folders (or build the {what} dataset with the training set's "
+            "classes, e.g. an ImageFolder subclass whose find_classes returns them)"
         )
 
 

@@ -108,7 +108,12 @@ def map_partitions(grid: Grid, setup: FlowerSetup, nodes: Sequence[int], timeout
                 f"node {node} (partition {partition}) is configured for method {info['method']!s}, "
                 f"the server for {setup.method_name}"
             )
-        diff = differences(own, json.loads(str(info.get("settings", "{}"))))
+        if "settings" not in info:
+            raise FlowerRunError(
+                f"node {node} (partition {partition}) sent no settings to compare: it runs an older fl_lightning; "
+                "install the server's version on every node"
+            )
+        diff = differences(own, json.loads(str(info["settings"])))
         if diff:  # another learning rate, batch size, mu or seed: the node would train another federation's client
             raise FlowerRunError(
                 f"node {node} (partition {partition}) was started with other settings than the server: "
