@@ -524,3 +524,18 @@ def test_a_completed_run_whose_rounds_grew_is_extended_not_retrained(spec_file, 
     (run.run_dir / "summary.json").write_text(json.dumps({"status": "completed"}))
     (run.run_dir / "checkpoints" / "last.ckpt").unlink()  # nothing to extend from
     assert run.plan(spec)[0] == "rerun"
+
+
+def test_a_report_only_reading_resolves_no_fit(monkeypatch):
+    # Found by review: --report-only resolved every setting x method (7 s for fmnist_ntd_3seeds) before it looked
+    # at the runs, and failed on a comparison whose configs have been renamed since.
+    from fl_lightning.experiments.compare_spec import CompareSpec
+
+    def resolving(self, path):
+        raise AssertionError("resolved the fits")
+
+    monkeypatch.setattr(CompareSpec, "check_resolves", resolving)
+    spec = CompareSpec.from_yaml(ROOT / "configs/compare/fmnist_ntd_3seeds.yaml", check_fits=False)
+    assert spec.methods and spec.settings
+    with pytest.raises(AssertionError, match="resolved the fits"):
+        CompareSpec.from_yaml(ROOT / "configs/compare/fmnist_ntd_3seeds.yaml")

@@ -375,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.jobs is not None and args.jobs < 1:
         raise ValueError(f"--jobs must be at least 1, got {args.jobs}")
-    spec = CompareSpec.from_yaml(shipped_configs.resolve_config_arg(args.config))
+    spec = CompareSpec.from_yaml(shipped_configs.resolve_config_arg(args.config), check_fits=not args.report_only)
     if args.jobs is not None:
         spec.jobs = args.jobs
     if args.output_dir:

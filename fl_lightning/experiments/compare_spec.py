@@ -190,8 +190,8 @@ class CompareSpec:
     variants: dict[str, tuple[str, list[str]]] = field(default_factory=dict)
 
     @classmethod
-    def from_yaml(cls, path: str | Path) -> CompareSpec:
-        """Read and validate a comparison YAML."""
+    def from_yaml(cls, path: str | Path, check_fits: bool = True) -> CompareSpec:
+        """Read and validate a comparison YAML; ``check_fits``: also resolve every fit it runs (not for a report)."""
         raw = read_yaml(path)
         if not isinstance(raw, dict):
             raise ValueError(f"{path}: expected a mapping with methods, seeds and settings")
@@ -246,7 +246,8 @@ class CompareSpec:
                 own = _setting_config(template, method, setting)
                 if own != config and own.exists():  # a fixed path is every method's config, not the variant's own
                     raise ValueError(f"{path}: variant {method!r} has a config of its own, {own}; rename the variant")
-        spec.check_fixed_configs(path, spec.check_resolves(path))
+        if check_fits:
+            spec.check_fixed_configs(path, spec.check_resolves(path))
         return spec
 
     def check_fixed_configs(self, path: str | Path, resolved: dict[tuple[str, str], dict[str, Any]]) -> None:
