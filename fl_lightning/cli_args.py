@@ -13,6 +13,7 @@ import difflib
 import importlib.util
 import inspect
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +126,17 @@ def _is_shipped(value: str) -> bool:
         return False
 
 
+#: The options that name a fit's run directory on the command line.
+_RUN_DIR_OPTIONS = ("--trainer.default_root_dir", "--fit.trainer.default_root_dir")
+
+
+def _options(argv: list[str]) -> Iterator[tuple[str, str]]:
+    """Each argument as ``(option, value)``: ``--a=b`` or ``--a b`` (the next argument; ``""`` at the end)."""
+    for i, arg in enumerate(argv):
+        option, _, value = arg.partition("=")
+        yield option, value or (argv[i + 1] if i + 1 < len(argv) else "")
+
+
 def run_base(argv: list[str]) -> Path | None:
     """Where a fit's run directories go when the command names none: ``runs/<config name>``, else ``runs/default``.
 
@@ -138,12 +150,9 @@ def run_base(argv: list[str]) -> Path | None:
     (PosixPath('runs/default'), None)
     """
     name = None
-    for i, arg in enumerate(argv):
-        option, _, value = arg.partition("=")
-        if option in ("--trainer.default_root_dir", "--fit.trainer.default_root_dir"):
+    for option, value in _options(argv):
+        if option in _RUN_DIR_OPTIONS:
             return None
-        if not value and i + 1 < len(argv):
-            value = argv[i + 1]
         if option == "--trainer" and _names_run_dir({"trainer": _config_data(value)}):
             return None
         if option in ("--config", "-c") and value:
@@ -162,12 +171,11 @@ def saved_run_dir(argv: list[str]) -> Path | None:
     then. None when ``--trainer.default_root_dir`` names the directory, or no such file is given.
     """
     found = None
-    for i, arg in enumerate(argv):
-        option, _, value = arg.partition("=")
-        if option in ("--trainer.default_root_dir", "--fit.trainer.default_root_dir"):
+    for option, value in _options(argv):
+        if option in _RUN_DIR_OPTIONS:
             return None
         if option in ("--config", "-c"):
-            path = Path(value or (argv[i + 1] if i + 1 < len(argv) else ""))
+            path = Path(value)
             run = path.parent
             if path.name == "config.yaml" and ((run / "summary.json").is_file() or (run / "checkpoints").is_dir()):
                 found = run

@@ -27,7 +27,7 @@ from fl_lightning.core.context import ClientContext, ServerContext
 from fl_lightning.core.data_settings import DATASET_SHAPES, resolve_data_settings
 from fl_lightning.core.datasets import DEFAULT_ROOT, ImageData, load_dataset
 from fl_lightning.core.evaluation import Evaluation, evaluate
-from fl_lightning.core.partitions import Partitioner
+from fl_lightning.core.partitions import ClassesPerClient, Partitioner
 from fl_lightning.core.rounds import RoundPlan, RoundPlanner
 from fl_lightning.core.sources import (
     STATS_CHUNK,
@@ -372,7 +372,7 @@ class FederatedDataModule(L.LightningDataModule):
                 f"{'them' if len(unheld) > 1 else 'it'} are never trained on"
                 + (
                     f"; raise --data.num_clients to at least {self.num_classes} to train every class"
-                    if self.partition_label.startswith("classes_per_client")
+                    if isinstance(self.partitioner, ClassesPerClient)
                     else ""
                 )
             )

@@ -180,10 +180,8 @@ class FLCLI(LightningCLI):
         trainer = config.get("trainer")
         if trainer is None:
             return
-        if getattr(self, "own_run_dir", None) is not None:  # --config <run>/config.yaml: that run, where it lies now
-            trainer["default_root_dir"] = str(self.own_run_dir)
-        if isinstance(trainer.get("default_root_dir"), str):  # `~/runs/x`: one directory for the claim, checks, fit
-            trainer["default_root_dir"] = os.path.expanduser(trainer["default_root_dir"])
+        if isinstance(trainer.get("default_root_dir"), str):
+            trainer["default_root_dir"] = self._named_run_dir(trainer)
         _trainer_rules(trainer)
         federation = config.get("federation")
         values = {
@@ -321,13 +319,21 @@ class FLCLI(LightningCLI):
             reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
             raise RunDirError(f"checkpoint {ckpt_path} cannot be loaded ({reason})") from err
 
+    def _named_run_dir(self, trainer: Namespace) -> str:
+        """The run directory as the command names it: a ``--config <run>/config.yaml``'s folder, ``~`` expanded.
+
+        One directory for the claim, the checks and the fit (a ``~/runs/x`` the claim alone expanded split them).
+        """
+        own = getattr(self, "own_run_dir", None)
+        return os.path.expanduser(str(own if own is not None else trainer["default_root_dir"]))
+
     def _evaluated_checkpoint(self, config: Namespace) -> str:
         """What ``validate``/``test`` evaluate (:func:`~fl_lightning.core.versions.checkpoint_to_evaluate`)."""
         trainer, ckpt_path = config["trainer"], config.get("ckpt_path")
         if ckpt_path == "last" and trainer.get("precision") is None:  # as the fit resolved it, to match its version
             trainer["precision"] = rules.default_precision(trainer.get("accelerator"))
         wanted = {k: v for k, v in self.resolved_dict(config).items() if k != "verbose"}  # the command's, not the run's
-        run_dir = Path(os.path.expanduser(str(getattr(self, "own_run_dir", None) or trainer["default_root_dir"])))
+        run_dir = Path(self._named_run_dir(trainer))
         return checkpoint_to_evaluate(
             self.config.subcommand, ckpt_path, run_dir, getattr(self, "run_base", None), wanted
         )
