@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from typing_extensions import override
 from fl_lightning.core import faults
 from fl_lightning.core.files import seal_checkpoint, temporary_name, write_bytes_atomic
 from fl_lightning.core.rundir import check_checkpoint_file
+from fl_lightning.core.state import unpicklable, unstorable_state
 
 
 class AtomicLastCheckpoint(ModelCheckpoint):
@@ -83,13 +85,19 @@ class VerifiedCheckpointIO(CheckpointIO):
         folder first: a full ``/tmp`` then failed a run whose own disk had room, naming neither file.
         """
         local = isinstance(path, str | os.PathLike) and "://" not in str(path)
-        if local and storage_options is None and type(self.inner) is TorchCheckpointIO:
-            buffer = io.BytesIO()
-            torch.save(checkpoint, buffer)
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            write_bytes_atomic(path, buffer.getbuffer())
-            return
-        self.inner.save_checkpoint(checkpoint, path, storage_options)
+        try:
+            if local and storage_options is None and type(self.inner) is TorchCheckpointIO:
+                buffer = io.BytesIO()
+                torch.save(checkpoint, buffer)
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+                write_bytes_atomic(path, buffer.getbuffer())
+                return
+            self.inner.save_checkpoint(checkpoint, path, storage_options)
+        except (TypeError, AttributeError, pickle.PicklingError) as err:
+            unstorable = unstorable_entry(checkpoint)
+            if unstorable is None:
+                raise
+            raise unstorable from err
 
     @override
     def load_checkpoint(self, path: Any, *args: Any, **kwargs: Any) -> dict:
@@ -105,6 +113,29 @@ class VerifiedCheckpointIO(CheckpointIO):
     @override
     def teardown(self) -> None:
         self.inner.teardown()
+
+
+def unstorable_entry(checkpoint: dict[str, Any]) -> TypeError | None:
+    """The one-line error for the first value in ``checkpoint`` that pickle refuses; None when there is none.
+
+    Looked for once a save has failed, not before every save. A method's state is named as the method wrote it
+    (``client 3's state['key']``, ``server.state['key']``: :func:`~fl_lightning.core.state.unstorable_state`);
+    anything else by its keys in the checkpoint.
+    """
+    for state in (checkpoint.get("callbacks") or {}).values():
+        if isinstance(state, dict) and "client_state" in state and "server_state" in state:
+            for client, client_state in (state["client_state"] or {}).items():
+                found = unstorable_state(f"client {client}'s state", client_state)
+                if found is not None:
+                    return found
+            found = unstorable_state("server.state", state["server_state"])
+            if found is not None:
+                return found
+    where = unpicklable(checkpoint)
+    if where is None:
+        return None
+    keys = "".join(f"[{key!r}]" for key in where[0])
+    return TypeError(f"the checkpoint's {keys} holds a {type(where[1]).__name__}, which a checkpoint cannot store")
 
 
 def verify_checkpoints_on_load(trainer: L.Trainer) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+import re
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +13,7 @@ from helpers import read_summary, tiny_run
 
 from fl_lightning import FedAvg
 from fl_lightning.core.context import ClientContext, ServerContext
-from fl_lightning.core.state import ClientStateStore
+from fl_lightning.core.state import ClientStateStore, unpicklable, unstorable_state
 
 
 class Probe(FedAvg):
@@ -143,3 +145,70 @@ def test_a_process_other_than_rank_0_spills_client_states_outside_the_run_direct
     assert spilled and not any(folder.startswith(str(tmp_path)) for folder in spilled)
     assert not (tmp_path / "client_state").exists()
     assert not Path(spilled[0]).exists()  # removed at the end of the fit
+
+
+class _Unstorable(FedAvg):
+    """Keeps what the test sets in its client state (beside a tensor, so that a spilling store writes it to disk)."""
+
+    client_value: Any = None
+    server_value: Any = None
+
+    def on_round_start(self, server: ServerContext) -> dict[str, Any]:
+        if self.server_value is not None:
+            server.state["schedule"] = self.server_value()
+        return {}
+
+    def on_client_end(self, client: ClientContext) -> None:
+        client.state["seen"] = torch.ones(4)
+        if self.client_value is not None:
+            client.state["scale"] = {"fn": self.client_value()}
+
+
+@pytest.mark.parametrize(
+    ("value", "kind"),
+    [
+        (lambda: lambda x: 2 * x, r"function \(.*<lambda>\)"),
+        (lambda: (i for i in range(3)), r"generator \(.*<genexpr>\)"),
+    ],
+    ids=["lambda", "generator"],
+)
+@pytest.mark.parametrize("client_state_mb", [None, 0.0], ids=["in-memory", "spilled"])
+def test_a_client_state_no_checkpoint_can_store_is_named_in_one_line(tmp_path, value, kind, client_state_mb) -> None:
+    # Before: the round's checkpoint (or the spilled state's file) failed with pickle's own line, naming neither the
+    # client nor the key: "Can't pickle local object '..<lambda>'", "cannot pickle 'generator' object".
+    class Keeps(_Unstorable):
+        client_value = staticmethod(value)
+
+    with pytest.raises(TypeError) as err:
+        tiny_run(tmp_path, method=Keeps, rounds=2, fed_kwargs={"client_state_mb": client_state_mb})
+    line = str(err.value)
+    assert re.fullmatch(
+        rf"client \d's state\['scale'\]\['fn'\] holds a {kind}, which a checkpoint cannot store: keep only tensors, "
+        r"numbers, strings and plain dicts, lists or tuples of them in client.state \(rebuild a function, generator "
+        r"or open file in on_client_start\)",
+        line,
+    ), line
+    assert not list(tmp_path.rglob(".*.tmp*"))
+
+
+def test_a_server_state_no_checkpoint_can_store_is_named_in_one_line(tmp_path) -> None:
+    log = open(tmp_path / "log.txt", "w")  # noqa: SIM115  # the unstorable value, closed at the end
+
+    class Keeps(_Unstorable):
+        server_value = staticmethod(lambda: log)
+
+    with pytest.raises(TypeError, match=r"^server.state\['schedule'\] holds a _io.TextIOWrapper, .* on_round_start\)$"):
+        tiny_run(tmp_path, method=Keeps, rounds=1)
+    log.close()
+
+
+def test_unpicklable_finds_the_value_pickle_refuses() -> None:
+    class Local:
+        pass
+
+    state = {"ok": [1, 2.0, "x", torch.zeros(2), (None, b"")], "deep": {"a": [0, {"b": Local()}]}}
+    where, value = unpicklable(state)
+    assert where == ("deep", "a", 1, "b") and isinstance(value, Local)
+    assert unpicklable({"ok": state["ok"], "counts": collections.Counter("abc")}) is None
+    assert unpicklable([collections.defaultdict(lambda: 0.5)])[0] == (0,)  # its factory: the dict itself
+    assert unstorable_state("server.state", {"c": torch.zeros(3)}) is None

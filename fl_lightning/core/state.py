@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,66 @@ def state_nbytes(tree: Any) -> int:
     if isinstance(tree, (list, tuple)):
         return sum(state_nbytes(v) for v in tree)
     return 0
+
+
+def unpicklable(tree: Any, path: tuple[Any, ...] = ()) -> tuple[tuple[Any, ...], Any] | None:
+    """Where pickle (as ``torch.save``) fails in ``tree``: the keys down to the first value it refuses, and the value.
+
+    Plain dicts, lists and tuples are searched, not pickled, and tensors taken as ``torch.save`` stores them, so that
+    finding the value costs about one more pickling of the state (it is only looked for once a save has failed).
+    None when nothing in ``tree`` fails.
+
+    >>> where, value = unpicklable({"c": torch.zeros(2), "f": [1, lambda: 0]})
+    >>> where, type(value).__name__
+    (('f', 1), 'function')
+    """
+    if isinstance(tree, Tensor):
+        return None
+    children = _children(tree)
+    if type(tree) not in (dict, list, tuple):  # anything else pickles as a whole (a defaultdict's lambda factory)
+        try:
+            pickle.dumps(tree, protocol=2)
+            return None
+        except Exception:  # pickle's refusal is a TypeError, AttributeError or PicklingError, as the object says
+            pass
+    for key, value in children:
+        found = unpicklable(value, (*path, key))
+        if found is not None:
+            return found
+    return None if type(tree) in (dict, list, tuple) else (path, tree)
+
+
+def _children(tree: Any) -> list[tuple[Any, Any]]:
+    """A container's (key, value) pairs: a mapping's items, a list's or tuple's positions; none for anything else."""
+    if isinstance(tree, dict):
+        return list(tree.items())
+    if isinstance(tree, list | tuple):
+        return list(enumerate(tree))
+    return []
+
+
+def unstorable_state(owner: str, state: Any) -> TypeError | None:
+    """The one-line error for the first value in ``state`` that a checkpoint cannot store; None when there is none.
+
+    ``owner`` names the state: ``client 3's state`` (a ``client.state``) or ``server.state``.
+
+    >>> print(unstorable_state("client 3's state", {"c": torch.zeros(1), "log": (i for i in [])}))  # doctest: +ELLIPSIS
+    client 3's state['log'] holds a generator (<genexpr>), which a checkpoint cannot store: keep only tensors, ...
+    """
+    found = unpicklable(state)
+    if found is None:
+        return None
+    path, value = found
+    keys = "".join(f"[{key!r}]" for key in path)
+    kind = type(value).__qualname__
+    kind = kind if type(value).__module__ == "builtins" else f"{type(value).__module__}.{kind}"  # _io.TextIOWrapper
+    name = getattr(value, "__qualname__", None)  # a function's, a generator's or a class's own name
+    where, hook = ("server.state", "on_round_start") if owner == "server.state" else ("client.state", "on_client_start")
+    return TypeError(
+        f"{owner}{keys} holds a {kind}{f' ({name})' if isinstance(name, str) else ''}, which a checkpoint cannot "
+        f"store: keep only tensors, numbers, strings and plain dicts, lists or tuples of them in {where} (rebuild a "
+        f"function, generator or open file in {hook})"
+    )
 
 
 class ClientStateStore:
@@ -90,8 +151,14 @@ class ClientStateStore:
             return
         assert self.spill_dir is not None
         self.spill_dir.mkdir(parents=True, exist_ok=True)
-        with atomic_path(self._path(client)) as tmp:
-            torch.save(state, tmp)
+        try:
+            with atomic_path(self._path(client)) as tmp:
+                torch.save(state, tmp)
+        except (TypeError, AttributeError, pickle.PicklingError) as err:
+            unstorable = unstorable_state(f"client {client}'s state", state)
+            if unstorable is None:
+                raise
+            raise unstorable from err
         self._on_disk.add(client)
 
     def items(self) -> Iterator[tuple[int, dict[str, Any]]]:
