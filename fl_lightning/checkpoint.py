@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import pickle
@@ -16,7 +17,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from typing_extensions import override
 
 from fl_lightning.core import faults
-from fl_lightning.core.files import seal_checkpoint, temporary_name, write_bytes_atomic
+from fl_lightning.core.files import is_disk_full, seal_checkpoint, temporary_name, write_bytes_atomic
 from fl_lightning.core.rundir import check_checkpoint_file
 from fl_lightning.core.state import unpicklable, unstorable_state
 
@@ -47,6 +48,10 @@ class AtomicLastCheckpoint(ModelCheckpoint):
             if trainer.is_global_zero:
                 seal_checkpoint(tmp)
                 os.replace(tmp, filepath)
+        except OSError as err:
+            if not is_disk_full(err):
+                raise
+            raise disk_full(err, filepath) from err  # the file the user knows, not its temporary
         finally:
             tmp.unlink(missing_ok=True)
         trainer.strategy.barrier()
@@ -82,7 +87,9 @@ class VerifiedCheckpointIO(CheckpointIO):
         """Save as the inner IO would; a local file through a temporary beside it, not in ``$TMPDIR``.
 
         Lightning's own IO writes through fsspec's transaction, which stages the file in the system's temporary
-        folder first: a full ``/tmp`` then failed a run whose own disk had room, naming neither file.
+        folder first: a full ``/tmp`` then failed a run whose own disk had room, naming neither file. A full disk's
+        error names ``path`` and what to do (:func:`disk_full`); a value pickle refuses is named by its keys
+        (:func:`unstorable_entry`).
         """
         local = isinstance(path, str | os.PathLike) and "://" not in str(path)
         try:
@@ -90,7 +97,12 @@ class VerifiedCheckpointIO(CheckpointIO):
                 buffer = io.BytesIO()
                 torch.save(checkpoint, buffer)
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
-                write_bytes_atomic(path, buffer.getbuffer())
+                try:
+                    write_bytes_atomic(path, buffer.getbuffer())
+                except OSError as err:
+                    if not is_disk_full(err):
+                        raise
+                    raise disk_full(err, path) from err
                 return
             self.inner.save_checkpoint(checkpoint, path, storage_options)
         except (TypeError, AttributeError, pickle.PicklingError) as err:
@@ -113,6 +125,22 @@ class VerifiedCheckpointIO(CheckpointIO):
     @override
     def teardown(self) -> None:
         self.inner.teardown()
+
+
+def disk_full(err: OSError, target: str | os.PathLike[str]) -> OSError:
+    """A full disk's (or quota's) error for the checkpoint ``target``: what happened, to which file, what to do.
+
+    >>> print(disk_full(OSError(errno.ENOSPC, "No space left on device"), "run/checkpoints/last.ckpt"))
+    ... # doctest: +NORMALIZE_WHITESPACE
+    [Errno 28] No space left on device (ENOSPC) writing the checkpoint run/checkpoints/last.ckpt: free space on that
+    disk and resume (--ckpt_path last), or give --trainer.default_root_dir a folder on another disk
+    """
+    code = err.errno if err.errno is not None else errno.ENOSPC
+    return OSError(
+        code,
+        f"{os.strerror(code)} ({errno.errorcode.get(code, code)}) writing the checkpoint {target}: free space on that "
+        "disk and resume (--ckpt_path last), or give --trainer.default_root_dir a folder on another disk",
+    )
 
 
 def unstorable_entry(checkpoint: dict[str, Any]) -> TypeError | None:

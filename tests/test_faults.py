@@ -354,6 +354,66 @@ def test_full_disk_fails_cleanly_and_resumes_exactly(tmp_path, reference, monkey
             subprocess.run(["umount", str(mount)], check=False)
 
 
+class _FullDiskFile:
+    """A file opened for writing on a disk that fills up: its first write writes a part, then fails (ENOSPC)."""
+
+    def __init__(self, file) -> None:
+        self.file = file
+
+    def __enter__(self) -> _FullDiskFile:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.file.close()
+
+    def write(self, data) -> int:
+        import errno
+
+        self.file.write(bytes(data[:100]))
+        raise OSError(errno.ENOSPC, "No space left on device")  # as a write's own error: naming no file
+
+
+def test_a_full_disk_names_the_checkpoint_not_its_temporary(tmp_path, monkeypatch, capsys):
+    # Before: "OSError: [Errno 28] No space left on device: '<run>/checkpoints/.last.tmp-<pid>-<n>.ckpt'", the
+    # temporary's name, which is gone when the user looks, and no word on what to do.
+    import fl_lightning.core.files
+
+    opened: list[str] = []
+
+    def open_on_a_full_disk(path, mode="r", *args, **kwargs):
+        file = open(path, mode, *args, **kwargs)
+        if str(path).endswith(".ckpt") and "w" in mode:
+            opened.append(str(path))
+            if len(opened) == 2:  # the second round's checkpoint
+                return _FullDiskFile(file)
+        return file
+
+    monkeypatch.setattr(fl_lightning.core.files, "open", open_on_a_full_disk, raising=False)
+    run_dir = tmp_path / "run"
+    assert cli.run(fit_args(run_dir, "--federation.plots", "false")) == 1
+    line = last_error_line(capsys)
+    target = run_dir / "checkpoints" / "last.ckpt"
+    assert line == (
+        f"error: OSError: [Errno 28] No space left on device (ENOSPC) writing the checkpoint {target}: free space on "
+        "that disk and resume (--ckpt_path last), or give --trainer.default_root_dir a folder on another disk"
+    )
+    assert not temporaries(run_dir) and read_summary(run_dir)["rounds_done"] == 2
+    assert verify_checkpoint(target)  # the first round's, whole
+
+
+def test_a_full_disk_names_a_checkpoint_of_your_own_model_checkpoint(tmp_path, monkeypatch):
+    from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
+    import fl_lightning.core.files
+    from fl_lightning.checkpoint import VerifiedCheckpointIO
+
+    monkeypatch.setattr(fl_lightning.core.files, "open", lambda *args: _FullDiskFile(open(*args)), raising=False)
+    target = tmp_path / "epoch=1.ckpt"
+    with pytest.raises(OSError, match=rf"\(ENOSPC\) writing the checkpoint {target}: free space") as err:
+        VerifiedCheckpointIO(TorchCheckpointIO()).save_checkpoint({"w": 1}, target)
+    assert err.value.errno == 28 and not list(tmp_path.iterdir())
+
+
 def test_checkpoints_are_written_beside_the_run_not_in_the_systems_temporary_folder(tmp_path, reference, monkeypatch):
     # Before: Lightning's fsspec transaction staged each checkpoint in $TMPDIR: a full /tmp failed the run in round
     # 1 ("No space left on device", naming no file) though the run's own disk had room.
