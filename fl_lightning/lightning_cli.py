@@ -57,7 +57,7 @@ from fl_lightning.core.rundir import (
     move_aside,
 )
 from fl_lightning.core.step_capture import resolve_capture
-from fl_lightning.core.versions import checkpoint_to_evaluate, claim_new_version, matching_version
+from fl_lightning.core.versions import checkpoint_to_evaluate, claim_new_version, matching_version, rounds_note
 from fl_lightning.data import FederatedDataModule
 from fl_lightning.federation import Federation
 from fl_lightning.module import FedAvg
@@ -334,9 +334,12 @@ class FLCLI(LightningCLI):
             trainer["precision"] = rules.default_precision(trainer.get("accelerator"))
         wanted = {k: v for k, v in self.resolved_dict(config).items() if k != "verbose"}  # the command's, not the run's
         run_dir = Path(self._named_run_dir(trainer))
-        return checkpoint_to_evaluate(
+        found = checkpoint_to_evaluate(
             self.config.subcommand, ckpt_path, run_dir, getattr(self, "run_base", None), wanted
         )
+        if note := rounds_note(found, config.get("federation.rounds")):  # a run stopped early, or rounds raised since
+            print(f"[fl_lightning] {note}", file=sys.stderr, flush=True)
+        return found
 
     @override
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:

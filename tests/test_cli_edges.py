@@ -274,6 +274,17 @@ def test_extending_a_completed_run_says_so_before_it_starts(done, capsys):
     assert note in err
 
 
+def test_scoring_a_checkpoint_of_other_rounds_than_the_config_says_so(finished, capsys):
+    # Before: `test --ckpt_path last` scored the 1-round checkpoint of a config now asking for 20 rounds (a run
+    # stopped early, or its rounds raised since) without a word.
+    command = ["test", "--config", str(finished / "config.yaml"), "--ckpt_path", "last"]
+    assert run(command) == 0
+    assert not [line for line in err_lines(capsys) if "the checkpoint holds" in line]
+    assert run([*command, "--federation.rounds", "20"]) == 0
+    notes = [line for line in err_lines(capsys) if "the checkpoint holds" in line]
+    assert notes == ["[fl_lightning] the checkpoint holds round 1 of the 20 the config asks for; scoring that model"]
+
+
 # ---- 6. a completed run with a file missing is finished by the resume -----------------------------------------------
 
 

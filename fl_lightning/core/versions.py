@@ -12,8 +12,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from fl_lightning.core.files import verify_checkpoint
 from fl_lightning.core.run_lock import LOCK_NAME, claim_run_dir, release_run_dir
-from fl_lightning.core.rundir import VERSION_PREFIX, RunDirError, RunDirInUse, read_config, science_diff, versions
+from fl_lightning.core.rundir import (
+    VERSION_PREFIX,
+    RunDirError,
+    RunDirInUse,
+    read_config,
+    rounds_done,
+    science_diff,
+    versions,
+)
 
 
 def claim_new_version(base: str | os.PathLike[str]) -> Path:
@@ -85,3 +94,42 @@ def checkpoint_to_evaluate(
             f"--ckpt_path last: no checkpoints/last.ckpt in {where}; give --ckpt_path <run dir>/checkpoints/last.ckpt"
         )
     return str(last)
+
+
+def rounds_note(ckpt_path: str | os.PathLike[str], rounds: Any) -> str:
+    """The line ``validate``/``test`` print when the checkpoint holds another round than the config's ``rounds``.
+
+    A run stopped early, or a config whose rounds were raised since, is scored as the checkpoint holds it: a note,
+    not an error. ``""`` when the rounds agree, or when the file cannot be read (the command then refuses it, saying
+    why).
+
+    >>> rounds_note("no such file", 20)
+    ''
+    """
+    if not isinstance(rounds, int) or not Path(ckpt_path).is_file():
+        return ""
+    import torch
+
+    try:  # checked first (its checksum is remembered), then mapped: the weights are not read
+        verify_checkpoint(ckpt_path)
+        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False, mmap=True)
+        held = int(ckpt["epoch"]) + 1 if "epoch" in ckpt else rounds_done(ckpt)
+    except Exception:  # torch's reason for a file it cannot read is given when Lightning loads it
+        return ""
+    return round_note(held, rounds)
+
+
+def round_note(held: int, rounds: int) -> str:
+    """What :func:`rounds_note` says of a checkpoint holding round ``held`` when the config asks for ``rounds``.
+
+    >>> round_note(3, 20)
+    'the checkpoint holds round 3 of the 20 the config asks for; scoring that model'
+    >>> round_note(20, 3)
+    'the checkpoint holds round 20, past the 3 the config asks for; scoring that model'
+    >>> round_note(20, 20)
+    ''
+    """
+    if held <= 0 or held == rounds:
+        return ""
+    where = f"round {held} of the {rounds}" if held < rounds else f"round {held}, past the {rounds}"
+    return f"the checkpoint holds {where} the config asks for; scoring that model"
