@@ -25,11 +25,13 @@ import torch
 from lightning.pytorch.callbacks import (
     Callback,
     EarlyStopping,
+    GradientAccumulationScheduler,
     LearningRateMonitor,
     ModelCheckpoint,
     StochasticWeightAveraging,
     WeightAveraging,
 )
+from lightning.pytorch.trainer.states import TrainerFn
 
 from fl_lightning.checkpoint import AtomicLastCheckpoint
 from fl_lightning.core.messages import first_line
@@ -188,8 +190,8 @@ def check_clipping(gradient_clip_val: float | None, method: str | None) -> None:
     if method is not None and gradient_clip_val:
         raise ValueError(
             f"trainer option gradient_clip_val={gradient_clip_val} is not supported by {method}, which steps its own "
-            f"optimizer; use --model.clip_grad_norm {gradient_clip_val} (each local step's gradient clipped to that "
-            "L2 norm)"
+            f"optimizer; use --model.clip_grad_norm {gradient_clip_val} (in Python the method's "
+            f"clip_grad_norm={gradient_clip_val}: each local step's gradient clipped to that L2 norm)"
         )
 
 
@@ -324,7 +326,7 @@ def busy_cpu_note(threads: int | None = None, processes: int = 1, runner: str = 
 
 
 def check_callbacks(trainer: L.Trainer) -> None:
-    """Refuse callbacks wrong under a federation: weight averaging, per-step LR logging, checkpoints within a round."""
+    """Refuse callbacks wrong under a federation: weight averaging, accumulation, per-step LR logs, in-round saves."""
     for callback in trainer.callbacks:  # type: ignore[attr-defined]  # assigned by Lightning, undeclared on Trainer
         if isinstance(callback, LearningRateMonitor) and callback.logging_interval == "step":
             raise ValueError(
@@ -336,6 +338,11 @@ def check_callbacks(trainer: L.Trainer) -> None:
                 f"{type(callback).__name__} with every_n_train_steps or train_time_interval would save in the middle "
                 "of a round, which no fit resumes from (and with several processes, whose local steps differ, it "
                 "would hang); save by round: every_n_epochs=N (one epoch is one round)"
+            )
+        if isinstance(callback, GradientAccumulationScheduler):
+            raise ValueError(
+                "GradientAccumulationScheduler is not supported with Federation: every local batch is one optimizer "
+                "step (methods count and scale local steps; an accumulated step could span two clients); remove it"
             )
         if isinstance(callback, (StochasticWeightAveraging, WeightAveraging)):
             raise ValueError(
@@ -553,13 +560,17 @@ def prepare_trainer(trainer: L.Trainer, rounds: int) -> None:
 
     Call it before Lightning reads ``max_epochs`` or resolves ``ckpt_path="last"`` (the Federation callback does,
     when the datamodule is attached; the CLI when it builds the Trainer). It refuses the options that cut rounds
-    (:func:`check_round_options`), sets ``max_epochs`` to the rounds (:func:`check_max_epochs`; Lightning's own
-    default, 1000 once a fit has started, counts as unset), and points every ``ModelCheckpoint`` without a
-    ``dirpath`` at :func:`checkpoint_dir`, with ``save_last`` on unless it was chosen. When checkpoints are on but
-    every ``ModelCheckpoint`` writes elsewhere (``dirpath`` given), an :class:`AtomicLastCheckpoint` joins them, so
-    that the run still keeps its ``last.ckpt`` for ``ckpt_path="last"``.
+    (:func:`check_round_options`) and, in a fit of a method, Lightning's gradient clipping (:func:`check_clipping`;
+    Lightning would refuse it next, saying to switch to automatic optimization), sets ``max_epochs`` to the rounds
+    (:func:`check_max_epochs`; Lightning's own default, 1000 once a fit has started, counts as unset), and points
+    every ``ModelCheckpoint`` without a ``dirpath`` at :func:`checkpoint_dir`, with ``save_last`` on unless it was
+    chosen. When checkpoints are on but every ``ModelCheckpoint`` writes elsewhere (``dirpath`` given), an
+    :class:`AtomicLastCheckpoint` joins them, so that the run still keeps its ``last.ckpt`` for ``ckpt_path="last"``.
     """
     check_round_options(trainer_round_options(trainer))
+    module = trainer.lightning_module  # trainer.fit sets it before it attaches the data
+    if trainer.state.fn == TrainerFn.FITTING and isinstance(module, FedAvg):
+        check_clipping(trainer.gradient_clip_val, module.method_name)
     max_epochs = trainer.fit_loop.max_epochs
     if max_epochs == LIGHTNING_DEFAULT_MAX_EPOCHS:
         max_epochs = None

@@ -1,0 +1,61 @@
+"""What a Lightning user importing fl_lightning meets from Python: refusals in one line at start, Lightning's views.
+
+Each case was found by a review as a Python API user; the comment under each test says what happened before.
+"""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+from helpers import bare_trainer, read_summary
+from lightning.pytorch.callbacks import GradientAccumulationScheduler
+
+from fl_lightning import FedAvg, FederatedDataModule, Federation
+from fl_lightning.methods import FedNTD
+
+
+def _data() -> FederatedDataModule:
+    return FederatedDataModule("digits", num_clients=3, batch_size=64)
+
+
+def test_lightnings_gradient_clipping_on_a_method_names_the_methods_own(tmp_path):
+    # Before: Lightning's "Automatic gradient clipping is not supported for manual optimization. Remove
+    # `Trainer(gradient_clip_val=0.5)` or switch to automatic optimization.", which a method's user cannot do.
+    trainer = bare_trainer(tmp_path, Federation(rounds=1, plots=False), gradient_clip_val=0.5)
+    with pytest.raises(ValueError, match=r"not supported by fedntd, .*clip_grad_norm=0.5"):
+        trainer.fit(FedNTD(net="lenet", lr=0.05), datamodule=_data())
+    assert not (tmp_path / "summary.json").exists()
+
+
+def test_lightnings_gradient_clipping_still_serves_a_plain_module(tmp_path):
+    class Plain(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.net(x)
+
+        def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+            return torch.nn.functional.cross_entropy(self(batch[0]), batch[1])
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.05)
+
+    bare_trainer(tmp_path, Federation(rounds=1, plots=False), gradient_clip_val=0.5).fit(Plain(), datamodule=_data())
+    assert read_summary(tmp_path)["status"] == "completed"
+
+
+@pytest.mark.parametrize("module", [FedAvg, "plain"])
+def test_a_gradient_accumulation_scheduler_is_refused_before_anything_is_written(tmp_path, module):
+    # Before: a plain module trained silently with half the optimizer steps, an accumulated step spanning two clients'
+    # batches (accumulate_grad_batches=2 is refused); a method's run failed in its first round with Lightning's
+    # "not supported for manual optimization. Please remove the callback or switch to automatic optimization".
+    from test_own_module import PlainClassifier
+
+    model = FedAvg(net="lenet", lr=0.05) if module is FedAvg else PlainClassifier()
+    trainer = bare_trainer(tmp_path, Federation(rounds=1, plots=False), GradientAccumulationScheduler({0: 2}))
+    with pytest.raises(ValueError, match="GradientAccumulationScheduler is not supported with Federation"):
+        trainer.fit(model, datamodule=_data())
+    assert not (tmp_path / "summary.json").exists()
