@@ -27,6 +27,7 @@ from fl_lightning.core.context import ClientContext, ServerContext
 from fl_lightning.core.data_settings import DATASET_SHAPES, resolve_data_settings
 from fl_lightning.core.datasets import DEFAULT_ROOT, ImageData, load_dataset
 from fl_lightning.core.evaluation import Evaluation, evaluate
+from fl_lightning.core.messages import require_integer
 from fl_lightning.core.partitions import ClassesPerClient, Partitioner
 from fl_lightning.core.rounds import RoundPlan, RoundPlanner
 from fl_lightning.core.sources import (
@@ -143,6 +144,7 @@ class FederatedDataModule(L.LightningDataModule):
         seed: int = 0,
     ) -> None:
         super().__init__()
+        require_integer("seed", seed, least=0)  # the partition's and the holdout's: numpy takes no other
         settings = resolve_data_settings(
             dataset,
             partition,

@@ -6,6 +6,7 @@ Each case was found by a review as a Python API user; the comment under each tes
 from __future__ import annotations
 
 import lightning as L
+import numpy as np
 import pytest
 import torch
 from helpers import bare_trainer, read_summary
@@ -59,3 +60,33 @@ def test_a_gradient_accumulation_scheduler_is_refused_before_anything_is_written
     with pytest.raises(ValueError, match="GradientAccumulationScheduler is not supported with Federation"):
         trainer.fit(model, datamodule=_data())
     assert not (tmp_path / "summary.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        # Before: accepted; the fit failed in Lightning's fit loop with a bare AssertionError.
+        ({"rounds": 2.5}, r"^rounds must be an integer, got 2.5$"),
+        # Before: TypeError: '>=' not supported between instances of 'str' and 'int'.
+        ({"rounds": "3"}, r"^rounds must be an integer, got '3'$"),
+        ({"local_epochs": 1.5}, r"^local_epochs must be an integer, got 1.5$"),
+        ({"eval_every": 2.0}, r"^eval_every must be an integer, got 2.0$"),
+        # Before: accepted; the fit failed in numpy: "expected non-negative integer", "seed must be integer".
+        ({"seed": -1}, r"^seed must be an integer of at least 0, got -1$"),
+        ({"seed": 1.5}, r"^seed must be an integer of at least 0, got 1.5$"),
+    ],
+)
+def test_federation_counts_and_seed_must_be_integers(options, match):
+    with pytest.raises(ValueError, match=match):
+        Federation(**options)
+
+
+def test_integers_of_numpy_are_counts_and_seeds():
+    fed = Federation(rounds=np.int64(3), local_epochs=np.int32(2), seed=np.int64(7))
+    assert (fed.rounds, fed.local_epochs, fed.seed) == (3, 2, 7)
+
+
+def test_a_datamodules_seed_must_be_a_non_negative_integer():
+    # Before: accepted; the fit failed at the partition in numpy: "expected non-negative integer".
+    with pytest.raises(ValueError, match=r"^seed must be an integer of at least 0, got -1$"):
+        FederatedDataModule("digits", num_clients=3, seed=-1)

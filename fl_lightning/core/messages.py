@@ -9,9 +9,10 @@ r"""One-line messages: what an error says about a value or another error, on one
 from __future__ import annotations
 
 from collections.abc import Sequence
+from numbers import Integral
 from typing import Any
 
-__all__ = ["first_line", "require", "require_one_of", "short"]
+__all__ = ["first_line", "require", "require_integer", "require_one_of", "short"]
 
 
 def first_line(err: BaseException) -> str:
@@ -30,6 +31,19 @@ def require(ok: bool, message: str) -> None:
     """Raise ``ValueError(message)`` unless ``ok`` (an argument's check: ``message`` says what to change)."""
     if not ok:
         raise ValueError(message)
+
+
+def require_integer(name: str, value: Any, least: int | None = None) -> None:
+    """Raise ``ValueError`` unless ``value`` is an integer (a Python or numpy one, not a bool), at least ``least``.
+
+    >>> require_integer("rounds", 2.5)
+    Traceback (most recent call last):
+    ...
+    ValueError: rounds must be an integer, got 2.5
+    """
+    which = "an integer" if least is None else f"an integer of at least {least}"
+    ok = isinstance(value, Integral) and not isinstance(value, bool) and (least is None or int(value) >= least)
+    require(ok, f"{name} must be {which}, got {value!r}")
 
 
 def require_one_of(name: str, value: Any, choices: Sequence[str]) -> None:

@@ -18,7 +18,7 @@ from torch import Tensor
 from fl_lightning.core.aggregation import aggregation_weights
 from fl_lightning.core.context import ServerContext, checked_weights
 from fl_lightning.core.distributed import to_device
-from fl_lightning.core.messages import require
+from fl_lightning.core.messages import require, require_integer
 from fl_lightning.core.rounds import RoundPlan, RoundState, plan_round
 from fl_lightning.core.rundir import RunDirError, checkpoint_diff
 from fl_lightning.core.server_optim import ServerOptimizer, ServerSGD, server_optimizer_class
@@ -68,6 +68,9 @@ class FederatedServer:
         server_optimizer: ServerOptimizer | None = None,
         client_state_mb: float | None = None,
     ) -> None:
+        for name, count in (("rounds", rounds), ("local_epochs", local_epochs), ("eval_every", eval_every)):
+            require_integer(name, count)
+        require_integer("seed", seed, least=0)
         require(rounds >= 1, f"rounds must be at least 1, got {rounds}")
         require(
             0 < sample_ratio <= 1,
@@ -79,13 +82,13 @@ class FederatedServer:
         require(0 < lr_decay <= 1, f"lr_decay must be in (0, 1], got {lr_decay}")
         require(eval_every >= 1, f"eval_every must be at least 1, got {eval_every}")
         require((client_state_mb or 0) >= 0, f"client_state_mb must be >= 0 (or None), got {client_state_mb}")
-        self.rounds = rounds
+        self.rounds = int(rounds)
         self.sample_ratio = sample_ratio
-        self.local_epochs = local_epochs
+        self.local_epochs = int(local_epochs)
         self.aggregation = aggregation
         self.lr_decay = lr_decay
-        self.eval_every = eval_every
-        self.seed = seed
+        self.eval_every = int(eval_every)
+        self.seed = int(seed)
         self.server_optimizer = server_optimizer or ServerSGD()
         self.client_state_mb = client_state_mb
         #: The method's persistent server state (checkpointed).
