@@ -549,12 +549,11 @@ class RunRecorder:
             # except those logged on step only, which Lightning sends every log_every_n_steps (off under Federation).
             if key in ("round", "clients", "elapsed_seconds") or (key not in self._published and key not in per_step):
                 continue
-            if key.startswith("acc_class_"):
-                metrics[f"global_class/acc_{key[10:]}"] = value
-            else:
-                metrics[_LOGGER_KEYS.get(key, key)] = value
+            name = f"global_class/acc_{key[10:]}" if key.startswith("acc_class_") else _LOGGER_KEYS.get(key, key)
+            metrics[name] = value
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=int(row["round"]))
+        trainer.logged_metrics.update({k: torch.tensor(v) for k, v in metrics.items()})  # as Lightning's logging does
 
     def _send_summary(self, trainer: L.Trainer) -> None:
         """Final summary and figures to loggers that take them (W&B)."""

@@ -11,6 +11,7 @@ import pytest
 import torch
 from helpers import bare_trainer, read_summary
 from lightning.pytorch.callbacks import GradientAccumulationScheduler
+from lightning.pytorch.loggers import CSVLogger
 
 from fl_lightning import FedAvg, FederatedDataModule, Federation
 from fl_lightning.methods import FedNTD
@@ -90,3 +91,13 @@ def test_a_datamodules_seed_must_be_a_non_negative_integer():
     # Before: accepted; the fit failed at the partition in numpy: "expected non-negative integer".
     with pytest.raises(ValueError, match=r"^seed must be an integer of at least 0, got -1$"):
         FederatedDataModule("digits", num_clients=3, seed=-1)
+
+
+def test_logged_metrics_hold_what_the_loggers_received(tmp_path):
+    # Before: trainer.logged_metrics was {} after a fit whose loggers had every round's global/acc, train/loss, ...
+    logger = CSVLogger(tmp_path, name="csv")
+    trainer = bare_trainer(tmp_path, Federation(rounds=2, plots=False), logger=logger)
+    trainer.fit(FedAvg(net="lenet", lr=0.05), datamodule=_data())
+    logged = trainer.logged_metrics
+    assert float(logged["global/acc"]) == pytest.approx(read_summary(tmp_path)["final_acc"])
+    assert {"global/loss", "train/loss", "train/lr", "global/acc_best"} <= set(logged)
