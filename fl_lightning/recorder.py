@@ -311,7 +311,8 @@ class RunRecorder:
                 f"in {self.elapsed:.1f}s; results in {self.run_dir}",
             )
         elif status == "interrupted":
-            rank_zero_warn(f"run interrupted; resume it with --ckpt_path last (results so far in {self.run_dir})")
+            resume = "--ckpt_path last, in Python trainer.fit(..., ckpt_path='last')"
+            rank_zero_warn(f"run interrupted; resume it with {resume} (results so far in {self.run_dir})")
         elif status == "failed":
             rank_zero_warn(f"run failed: {error} (results so far in {self.run_dir})")
 

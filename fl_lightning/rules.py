@@ -52,8 +52,8 @@ SCALED_PRECISIONS = ("16-mixed", "16")
 LIGHTNING_DEFAULT_MAX_EPOCHS = 1000
 
 _QUICK_RUN = (
-    "for a quick run use --federation.rounds 1 --data.num_clients 2 "
-    "(or --federation.sample_ratio to train fewer clients per round)"
+    "for a quick run use --federation.rounds 1 --data.num_clients 2 (in Python Federation(rounds=1) and "
+    "FederatedDataModule(..., num_clients=2)), or a smaller sample_ratio to train fewer clients per round"
 )
 _CUTS_ROUNDS = "a round trains every sampled client for its local epochs, so it would cut rounds short; " + _QUICK_RUN
 #: Trainer options that would cut rounds short or change what a batch is: name -> (allowed?, why not).
@@ -545,7 +545,8 @@ def check_max_epochs(max_epochs: int | None, rounds: int) -> int:
     if max_epochs not in (None, -1, rounds):
         raise ValueError(
             f"max_epochs={max_epochs} conflicts with rounds={rounds}: one epoch is one round; "
-            "leave max_epochs unset or use --federation.rounds"
+            "leave max_epochs unset and give the rounds to the federation (Federation(rounds=...), "
+            "--federation.rounds)"
         )
     return rounds
 

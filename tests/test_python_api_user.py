@@ -5,6 +5,8 @@ Each case was found by a review as a Python API user; the comment under each tes
 
 from __future__ import annotations
 
+import signal
+
 import lightning as L
 import numpy as np
 import pytest
@@ -101,3 +103,31 @@ def test_logged_metrics_hold_what_the_loggers_received(tmp_path):
     logged = trainer.logged_metrics
     assert float(logged["global/acc"]) == pytest.approx(read_summary(tmp_path)["final_acc"])
     assert {"global/loss", "train/loss", "train/lr", "global/acc_best"} <= set(logged)
+
+
+def test_a_python_users_quick_run_and_rounds_are_named_as_python_spells_them(tmp_path):
+    # Before: "for a quick run use --federation.rounds 1 --data.num_clients 2 (or --federation.sample_ratio ...)" and
+    # "leave max_epochs unset or use --federation.rounds": command-line options only, to a user of L.Trainer.
+    with pytest.raises(ValueError, match=r"in Python Federation\(rounds=1\) and FederatedDataModule\(\.\.\., num_"):
+        bare_trainer(tmp_path, Federation(rounds=1), fast_dev_run=True).fit(FedAvg(net="lenet"), datamodule=_data())
+    with pytest.raises(ValueError, match=r"give the rounds to the federation \(Federation\(rounds=\.\.\.\), --fed"):
+        bare_trainer(tmp_path, Federation(rounds=1), max_epochs=3).fit(FedAvg(net="lenet"), datamodule=_data())
+
+
+def test_an_interrupted_python_fit_says_how_python_resumes_it(tmp_path):
+    # Before: "run interrupted; resume it with --ckpt_path last (results so far in ...)".
+    class CtrlC(L.Callback):
+        def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+            raise KeyboardInterrupt
+
+    handler = signal.getsignal(signal.SIGINT)  # Lightning ignores SIGINT once it has handled a KeyboardInterrupt
+    try:
+        trainer = bare_trainer(tmp_path, Federation(rounds=2, plots=False), CtrlC())
+        with (
+            pytest.warns(UserWarning, match=r"in Python trainer.fit\(\.\.\., ckpt_path='last'\)"),
+            pytest.raises(SystemExit),
+        ):
+            trainer.fit(FedAvg(net="lenet", lr=0.05), datamodule=_data())
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    assert read_summary(tmp_path)["status"] == "interrupted"

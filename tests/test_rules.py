@@ -108,7 +108,8 @@ def test_options_that_cut_rounds_are_refused(key, value):
     message = (
         f"trainer option {key}={value!r} is not supported: a round trains every sampled client for its local "
         "epochs, so it would cut rounds short; for a quick run use --federation.rounds 1 --data.num_clients 2 "
-        "(or --federation.sample_ratio to train fewer clients per round)"
+        "(in Python Federation(rounds=1) and FederatedDataModule(..., num_clients=2)), or a smaller sample_ratio to "
+        "train fewer clients per round"
     )
     with pytest.raises(ValueError) as err:
         rules.check_round_options({key: value})
@@ -181,8 +182,8 @@ def test_max_epochs_other_than_the_rounds_is_refused(max_epochs):
     with pytest.raises(ValueError) as err:
         rules.check_max_epochs(max_epochs, rounds=5)
     assert str(err.value) == (
-        f"max_epochs={max_epochs} conflicts with rounds=5: one epoch is one round; leave max_epochs unset or use "
-        "--federation.rounds"
+        f"max_epochs={max_epochs} conflicts with rounds=5: one epoch is one round; leave max_epochs unset and give "
+        "the rounds to the federation (Federation(rounds=...), --federation.rounds)"
     )
 
 
