@@ -17,6 +17,7 @@ from typing import Any, cast
 import lightning as L
 import numpy as np
 import torch
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
@@ -515,11 +516,17 @@ class FederatedDataModule(L.LightningDataModule):
         """Validation data for a module's ``validation_step``: the user's (``val``), else the server's holdout.
 
         Lightning validates after the last client of a round, once the round's global model is in place (the
-        :class:`~fl_lightning.Federation` callback ends the round at its last training batch). Empty without either.
+        :class:`~fl_lightning.Federation` callback ends the round at its last training batch). Empty without either
+        (``trainer.validate`` then warns).
         """
         if self._val is not None:
             return self._loader(self._val)
         if getattr(self, "aux_y", None) is None or len(self.aux_y) == 0:
+            if self.trainer is not None and self.trainer.state.fn == TrainerFn.VALIDATING:  # a fit may go without
+                rank_zero_warn(
+                    f"trainer.validate: {self.dataset} has no validation data, nothing is validated; give val=(x, y) "
+                    "to from_tensors/from_datasets or holdout_per_class=N (trainer.test evaluates the test set)"
+                )
             return []
         return DataLoader(TensorDataset(self.aux_x, self.aux_y), batch_size=self.eval_batch_size)
 

@@ -131,3 +131,14 @@ def test_an_interrupted_python_fit_says_how_python_resumes_it(tmp_path):
     finally:
         signal.signal(signal.SIGINT, handler)
     assert read_summary(tmp_path)["status"] == "interrupted"
+
+
+def test_validate_without_validation_data_says_so(tmp_path):
+    # Before: trainer.validate returned [] without a word (the command line refuses it: "validate has no validation
+    # data: give the run's --data.holdout_per_class N ...").
+    trainer = bare_trainer(tmp_path)
+    model = FedAvg(net="lenet", lr=0.05, num_classes=10, in_channels=1, image_size=8)
+    with pytest.warns(UserWarning, match=r"trainer.validate: digits has no validation data, .*holdout_per_class=N"):
+        assert trainer.validate(model, datamodule=_data(), verbose=False) == []
+    with_holdout = FederatedDataModule("digits", num_clients=3, holdout_per_class=2)
+    assert trainer.validate(model, datamodule=with_holdout, verbose=False)[0]["val/acc"] >= 0
