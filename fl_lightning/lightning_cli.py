@@ -42,6 +42,7 @@ from fl_lightning.cli_args import (  # cli_args imports the methods: `--model Fe
     saved_run_dir,
     tensorboard_save_dir,
 )
+from fl_lightning.cli_help import HelpParser, network_help
 from fl_lightning.core import faults
 from fl_lightning.core.files import write_text_atomic
 from fl_lightning.core.partitions import Partitioner
@@ -345,7 +346,7 @@ class FLCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         argv = list(sys.argv[1:] if args is None else args) if not isinstance(args, dict) else args
         if isinstance(argv, list):
-            argv = tensorboard_save_dir(class_paths(method_names(named_configs(argv))))
+            argv = tensorboard_save_dir(class_paths(method_names(named_configs(network_help(argv)))))
             check_logger_packages(argv)
             self.run_base, self.own_run_dir = run_base(argv), saved_run_dir(argv)
         try:
@@ -542,6 +543,7 @@ def cli_main(args: list[str] | None = None, run: bool = True, overwrite: bool = 
             args=args,
             run=run,
             auto_configure_optimizers=False,
+            parser_class=HelpParser,  # its help formatter reaches --model.help CLASS too
             parser_kwargs=_parser_kwargs(cli_class),
         )
         failed = False
@@ -610,6 +612,7 @@ def resolve_config(args: list[str]) -> dict[str, Any]:
             args=args,
             run=True,
             auto_configure_optimizers=False,
+            parser_class=HelpParser,  # its help formatter reaches --model.help CLASS too
             parser_kwargs=_parser_kwargs(cli_class),
         )
     except _Resolved as resolved:
