@@ -1,9 +1,9 @@
-"""The command line's ``--help``: what an option takes, without walls of class names.
+"""The command line's ``--help``: what an option takes and whether fl_lightning uses it, without walls of class names.
 
 :class:`HelpParser` is the parser class LightningCLI builds (its ``parser_class``); its help formatter,
 :class:`HelpFormatter`, also formats the help of ``--model.help CLASS``, whose parser jsonargparse builds as one of
 the parser's own class. The formatter shortens an ``nn.Module`` option's "known subclasses" (every torch layer, some
-230 names) to what a user can give.
+230 names) to what a user can give, and says which Trainer options a federation does not use, and why.
 """
 
 from __future__ import annotations
@@ -14,12 +14,44 @@ from typing import Any
 from jsonargparse import DefaultHelpFormatter
 from lightning.pytorch.cli import LightningArgumentParser
 
+from fl_lightning import rules
+
 __all__ = [
     "HelpFormatter",
     "HelpParser",
+    "TRAINER_ACCEPTED",
+    "TRAINER_NOTES",
     "module_subclasses_listed",
     "network_help",
 ]
+
+#: The accepted value (the default) of each refused Trainer option, :data:`fl_lightning.rules.ROUND_OPTION_REASONS`.
+TRAINER_ACCEPTED = {
+    "fast_dev_run": "false",
+    "overfit_batches": "0",
+    "limit_train_batches": "1.0",
+    "max_steps": "-1",
+    "accumulate_grad_batches": "1",
+    "val_check_interval": "1.0",
+}
+
+#: What ``--help`` says instead of Lightning's text for the Trainer options a federation does not use, by option.
+TRAINER_NOTES: dict[str, str] = {
+    **{
+        f"trainer.{name}": f"Not used by fl_lightning (any value but {TRAINER_ACCEPTED[name]} is refused): {why}."
+        for name, why in rules.ROUND_OPTION_REASONS.items()
+    },
+    "trainer.log_every_n_steps": "Not used by fl_lightning: metrics reach the loggers once a round, with the round "
+    "as the step.",
+    "trainer.reload_dataloaders_every_n_epochs": "Not used by fl_lightning: the federation gives every round its "
+    "clients' data itself.",
+}
+
+#: Said after Lightning's own text of an option that fl_lightning's methods refuse (a plain module may use it).
+_METHOD_NOTES = {
+    "trainer.gradient_clip_val": "Refused with fl_lightning's methods, which step their own optimizer: give "
+    "--model.clip_grad_norm.",
+}
 
 
 def network_help(argv: list[str]) -> list[str]:
@@ -43,11 +75,21 @@ def module_subclasses_listed(extra_help: str) -> bool:
     return "torch.nn.Module" in extra_help.replace(",", " ").replace(":", " ").split()
 
 
+def _own_text(dest: str, text: str) -> str:
+    """An option's own help text as fl_lightning's ``--help`` shows it (:data:`TRAINER_NOTES`, ``_METHOD_NOTES``)."""
+    if dest in TRAINER_NOTES:
+        return TRAINER_NOTES[dest]
+    return f"{text} {_METHOD_NOTES[dest]}" if dest in _METHOD_NOTES else text
+
+
 class HelpFormatter(DefaultHelpFormatter):
-    """jsonargparse's help formatter, with an ``nn.Module`` option's known subclasses in a line."""
+    """jsonargparse's help formatter, with :data:`TRAINER_NOTES` and an ``nn.Module`` option's subclasses in a line."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = super()._get_help_string(action)
+        own = action.help or ""
+        if own and text.startswith(own):  # jsonargparse's: the option's own text, then "(type: ..., default: ...)"
+            text = _own_text(action.dest, own) + text[len(own) :]
         # jsonargparse appends an option's `extra_help()` (", known subclasses: ...") as it is.
         extra_help = getattr(action, "extra_help", None)
         listed = extra_help() if callable(extra_help) else ""

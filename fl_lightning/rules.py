@@ -77,6 +77,8 @@ _ROUND_OPTIONS: dict[str, tuple[Any, str]] = {
     ),
 }
 ROUND_OPTIONS: tuple[str, ...] = tuple(_ROUND_OPTIONS)
+#: Why each of :data:`ROUND_OPTIONS` is refused, and what to give instead (the refusal's text; ``--help`` says it).
+ROUND_OPTION_REASONS: dict[str, str] = {name: why for name, (_, why) in _ROUND_OPTIONS.items()}
 
 
 def uses_cuda(accelerator: str | None = None) -> bool:

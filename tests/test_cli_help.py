@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import pytest
+import yaml
 from jsonargparse import ArgumentParser, DefaultHelpFormatter
 from torch import nn
 
-from fl_lightning.cli import run
-from fl_lightning.cli_help import HelpParser, module_subclasses_listed
+from fl_lightning import rules
+from fl_lightning.cli import resolve_config, run
+from fl_lightning.cli_help import TRAINER_ACCEPTED, TRAINER_NOTES, HelpParser, module_subclasses_listed
 
 
 def _out(capsys: pytest.CaptureFixture[str]) -> str:
@@ -49,3 +51,26 @@ def test_jsonargparse_still_lists_every_module_and_appends_the_list_as_it_is():
     ours = HelpParser()
     ours.add_argument("--net", type=str | nn.Module, default="lenet", help="the network")
     assert "torch.nn.ReLU" not in ours.format_help()
+
+
+def test_fit_help_marks_the_trainer_options_a_federation_does_not_use(capsys):
+    # Before: Lightning's own text ("Runs n if set to ``n`` (int) else 1 ... to find any bugs"), then a refusal.
+    assert run(["fit", "--help"]) == 0
+    out = capsys.readouterr().out
+    blocks = {b.split()[0]: " ".join(b.split()) for b in out.split("\n  --")[1:]}
+    for dest in TRAINER_NOTES:
+        assert blocks[dest].split(" ", 2)[2].startswith("Not used by fl_lightning"), blocks[dest]
+    assert "to find any bugs" not in out
+    assert "for a quick run use --federation.rounds 1" in blocks["trainer.fast_dev_run"]
+    assert "give --model.clip_grad_norm" in blocks["trainer.gradient_clip_val"]
+
+
+def test_every_refused_trainer_option_is_noted_with_a_value_it_accepts():
+    assert {f"trainer.{name}" for name in rules.ROUND_OPTIONS} <= set(TRAINER_NOTES)
+    for name in rules.ROUND_OPTIONS:
+        rules.check_round_options({name: yaml.safe_load(TRAINER_ACCEPTED[name])})  # accepted: no refusal
+    # The noted options keep their allowed values in a config, and print_config keeps them.
+    config = resolve_config(
+        ["fit", "--config", "quickstart", "--trainer.fast_dev_run", "false", "--trainer.max_steps", "-1"]
+    )
+    assert config["trainer"]["fast_dev_run"] is False and config["trainer"]["max_steps"] == -1
