@@ -6,6 +6,7 @@ import difflib
 import importlib
 import inspect
 import re
+import sys
 
 from jsonargparse import ArgumentError
 
@@ -71,7 +72,34 @@ def _class_path_reason(text: str) -> str | None:
         return f"--{key}: {path} is not a {wrong.group(2)}"
     problem = re.search(r"Problem with given class_path '([^']+)'", text)
     reason = _import_error(problem.group(1)) if problem is not None else None
-    return f"--{key}: cannot import {problem.group(1)}: {reason}" if problem is not None and reason else None
+    if problem is None or not reason:
+        return None
+    return f"--{key}: cannot import {problem.group(1)}: {reason}{_importable_as(problem.group(1), key)}"
+
+
+def _importable_as(class_path: str, key: str) -> str:
+    """``; did you mean fl_lightning.methods.FedNTD (or just FedNTD)?`` for a class that lies in another module.
+
+    The classes of that name in the public modules of the path's package that are imported already
+    (``fl_lightning.FedNTD``: those under ``fl_lightning``), each by its shortest path, at most three; a method is also
+    taken by its name alone (``--model FedNTD``). Empty when there is none.
+    """
+    package, name = class_path.split(".", 1)[0], class_path.rpartition(".")[2]
+    paths: dict[type, str] = {}
+    for loaded, mod in sorted(sys.modules.items(), key=lambda item: (len(item[0]), item[0])):
+        public = not any(part.startswith("_") for part in loaded.split("."))
+        if public and (loaded == package or loaded.startswith(f"{package}.")):
+            cls = vars(mod).get(name)  # the module's own names: no lazy import
+            if isinstance(cls, type):
+                paths.setdefault(cls, f"{loaded}.{name}")
+    if not paths:
+        return ""
+    from fl_lightning.methods import METHODS  # the methods are loaded: the command line imports them
+
+    found = sorted(paths.values(), key=lambda path: (len(path), path))[:3]
+    method = key == "model" and any(cls in METHODS.values() for cls in paths)
+    listed = found[0] if len(found) == 1 else f"{', '.join(found[:-1])} or {found[-1]}"
+    return f"; did you mean {listed}{f' (or just {name})' if method else ''}?"
 
 
 def _import_error(class_path: str) -> str | None:
@@ -139,7 +167,9 @@ def _class_argument_reason(text: str) -> str | None:
         prefix = "--" + ".".join(keys)
         given = " ".join(f"{prefix}.init_args.{name} <value>" for name in required.group(1).split(", "))
         return f"{prefix}: {reason}; give {given}"
-    return f"--{'.'.join(keys)}: {_expected(reason)}"
+    missing = re.fullmatch(r"module '[\w.]+' has no attribute '\w+'", reason)
+    hint = _importable_as(through_class[-1], ".".join(keys)) if missing else ""
+    return f"--{'.'.join(keys)}: {_expected(reason)}{hint}"
 
 
 _NOT_FINITE = ("nan", ".nan", "inf", "+inf", "-inf", ".inf", "-.inf", "infinity", "-infinity")

@@ -8,7 +8,7 @@ from jsonargparse import ArgumentParser, DefaultHelpFormatter
 from torch import nn
 
 from fl_lightning import rules
-from fl_lightning.cli import resolve_config, run
+from fl_lightning.cli import EXIT_CODES, resolve_config, run
 from fl_lightning.cli_help import TRAINER_ACCEPTED, TRAINER_NOTES, HelpParser, module_subclasses_listed
 
 
@@ -74,3 +74,37 @@ def test_every_refused_trainer_option_is_noted_with_a_value_it_accepts():
         ["fit", "--config", "quickstart", "--trainer.fast_dev_run", "false", "--trainer.max_steps", "-1"]
     )
     assert config["trainer"]["fast_dev_run"] is False and config["trainer"]["max_steps"] == -1
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        (
+            ["--model", "fl_lightning.FedNTD"],
+            "error: --model: cannot import fl_lightning.FedNTD: module 'fl_lightning' has no attribute 'FedNTD'; "
+            "did you mean fl_lightning.methods.FedNTD (or just FedNTD)?",
+        ),
+        (
+            ["--data.partition", "fl_lightning.Dirichlet"],
+            "error: --data.partition: cannot import fl_lightning.Dirichlet: module 'fl_lightning' has no attribute "
+            "'Dirichlet'; did you mean fl_lightning.core.partitions.Dirichlet?",
+        ),
+        (
+            ["--model", "fedavg", "--model.net", "torch.Linear"],
+            "error: --model.net: module 'torch' has no attribute 'Linear'; did you mean torch.nn.Linear,",
+        ),
+        (
+            ["--model", "fl_lightning.Nope"],
+            "error: --model: cannot import fl_lightning.Nope: module 'fl_lightning' has no attribute 'Nope'",
+        ),
+    ],
+    ids=lambda v: v if isinstance(v, str) else " ".join(v),
+)
+def test_a_class_path_that_does_not_import_names_the_one_that_does(tmp_path, capsys, given, message):
+    # Before: only "module 'fl_lightning' has no attribute 'FedNTD'", though the methods are in fl_lightning.methods.
+    argv = ["fit", "--config", "quickstart", "--trainer.default_root_dir", str(tmp_path / "r"), *given]
+    assert run(argv) == EXIT_CODES["bad input"]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(message), err
+    if "Nope" in message:
+        assert "did you mean" not in err[0]
