@@ -321,7 +321,8 @@ def closest_option(message: str, parser: argparse.ArgumentParser) -> str | None:
 
     The refusal is ``unrecognized arguments: --x ...`` (the command line) or ``Subcommand 'fit' does not accept
     option 'x'`` (a config file's key); the hint is the closest of the parser's options by spelling, first among those
-    of the same group (``--federation.*``).
+    of the same group (``--federation.*``). A ``--<group>.help`` of a group that is no class (``--data.help``) gets
+    where its options are listed.
     """
     in_config = re.match(r"Subcommand '\w+' does not accept option '([\w.]+)'", message)
     if in_config is not None:
@@ -334,6 +335,10 @@ def closest_option(message: str, parser: argparse.ArgumentParser) -> str | None:
         if not option.startswith("--") or option in known:
             continue
         group = option.rsplit(".", 1)[0] + "." if "." in option else "--"
+        if option.endswith(".help") and any(k.startswith(group) for k in known):  # `--data.help`: not a class
+            helps = [k for k in known if k.startswith(group) and k.endswith(".help")]
+            classes = f" (and {', '.join(f'{h} CLASS' for h in helps)} a class's)" if helps else ""
+            return f"{group[:-1]} is not a class and has no .help: --help lists its options{classes}"
         for candidates in ([k for k in known if k.startswith(group)], known):
             close = difflib.get_close_matches(option, candidates, n=1, cutoff=0.6)
             if close:

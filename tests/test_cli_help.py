@@ -108,3 +108,12 @@ def test_a_class_path_that_does_not_import_names_the_one_that_does(tmp_path, cap
     assert len(err) == 1 and err[0].startswith(message), err
     if "Nope" in message:
         assert "did you mean" not in err[0]
+
+
+def test_a_groups_help_says_where_its_options_are(capsys):
+    # Before: "error: unrecognized arguments: --data.help FederatedDataModule; did you mean --data.hflip?".
+    assert run(["fit", "--data.help", "FederatedDataModule"]) == EXIT_CODES["bad input"]
+    assert capsys.readouterr().err.strip() == (
+        "error: unrecognized arguments: --data.help FederatedDataModule; --data is not a class and has no .help: "
+        "--help lists its options (and --data.dataset.help CLASS, --data.partition.help CLASS a class's)"
+    )
