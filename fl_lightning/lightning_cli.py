@@ -78,7 +78,9 @@ class RunConfigSaver(SaveConfigCallback):
             run_dir = trainer.default_root_dir
             os.makedirs(run_dir, exist_ok=True)
             saved = self.config.clone()
-            saved["ckpt_path"] = None  # the file describes the experiment; `--config` of it starts, not resumes
+            # The file describes the experiment, without ckpt_path: `--config` of it starts, not resumes, and it
+            # leaves a --ckpt_path given before it as it was (a `ckpt_path: null` there would undo it).
+            del saved["ckpt_path"]
             text = self.parser.dump(saved, skip_none=False)
             write_text_atomic(Path(run_dir) / self.config_filename, text)
             config = self.config.clone().as_dict() if hasattr(self.config, "as_dict") else dict(self.config)
