@@ -560,8 +560,10 @@ class FedAvg(FederatedHooks, L.LightningModule):
             return
         all_reduce_sum_(counts)
         result = Evaluation.from_counts(counts)
-        self.log(f"{stage}/loss", result.loss)
-        self.log(f"{stage}/acc", result.acc)
+        # Every process holds the same values (the counts are summed above): the max over them is each value exactly,
+        # and a synced key spares several processes Lightning's advice to pass sync_dist=True.
+        self.log(f"{stage}/loss", result.loss, sync_dist=True, reduce_fx="max")
+        self.log(f"{stage}/acc", result.acc, sync_dist=True, reduce_fx="max")
 
 
 def has_batch_norm(module: nn.Module) -> bool:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-import yaml
-from helpers import quickstart_fit_args, read_summary
+from typing import Any
 
+import yaml
+from helpers import bare_trainer, quickstart_fit_args, read_summary
+
+from fl_lightning import FedAvg, FederatedDataModule, Federation
 from fl_lightning.cli import run
 
 
@@ -24,3 +27,25 @@ def test_a_ckpt_path_before_the_runs_own_config_still_resumes(tmp_path):
     checkpoint = str(run_dir / "checkpoints" / "last.ckpt")
     quiet = ["--trainer.enable_progress_bar", "false"]
     assert run(["test", "--ckpt_path", checkpoint, "--config", str(saved), *quiet]) == 0
+
+
+class _RecordsLogs(FedAvg):
+    """FedAvg that keeps the arguments of each ``self.log``."""
+
+    def log(self, name: str, value: Any, *args: Any, **kwargs: Any) -> None:
+        self.__dict__.setdefault("logged", {})[name] = kwargs
+        super().log(name, value, *args, **kwargs)
+
+
+def test_the_methods_validation_keys_draw_no_sync_dist_advice(tmp_path):
+    """Several processes (``--trainer.devices 2 --trainer.strategy ddp`` with a holdout): two warnings advised
+    ``self.log('val/loss', ..., sync_dist=True)`` for keys fl_lightning had already summed over the processes.
+
+    Lightning gives that advice for an epoch-level key logged without ``sync_dist`` while a process group is up; the
+    keys are logged synced (the max over processes that hold the same value: the value itself).
+    """
+    dm = FederatedDataModule("digits", num_clients=2, batch_size=32, holdout_per_class=2)
+    model = _RecordsLogs(lr=0.05)
+    bare_trainer(tmp_path, Federation(rounds=1, local_epochs=1, plots=False)).fit(model, datamodule=dm)
+    for key in ("val/loss", "val/acc"):
+        assert model.logged[key].get("sync_dist") is True and model.logged[key].get("reduce_fx") == "max", key
