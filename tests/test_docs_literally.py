@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from helpers import bare_trainer, quickstart_fit_args, read_summary
 
 from fl_lightning import FedAvg, FederatedDataModule, Federation
 from fl_lightning.cli import run
+from fl_lightning.core.datasets import DATASETS
 
 
 def test_a_ckpt_path_before_the_runs_own_config_still_resumes(tmp_path):
@@ -49,3 +52,10 @@ def test_the_methods_validation_keys_draw_no_sync_dist_advice(tmp_path):
     bare_trainer(tmp_path, Federation(rounds=1, local_epochs=1, plots=False)).fit(model, datamodule=dm)
     for key in ("val/loss", "val/acc"):
         assert model.logged[key].get("sync_dist") is True and model.logged[key].get("reduce_fx") == "max", key
+
+
+def test_cinic10s_missing_data_line_asks_only_for_what_is_read(tmp_path):
+    """data.md says ``valid/`` is not read; the line for a missing CINIC-10 still listed ``valid/<class>/*.png``."""
+    with pytest.raises(FileNotFoundError) as err:
+        DATASETS["cinic10"].loader(Path(tmp_path), False)
+    assert "train/<class>/*.png" in str(err.value) and "valid/<class>" not in str(err.value)

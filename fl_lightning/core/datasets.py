@@ -476,7 +476,7 @@ def _load_cinic10(root: Path, download: bool) -> _Arrays:
     directory = next((d for d in candidates if all((d / s).is_dir() for s in ("train", "test"))), None)
     if directory is None:
         raise _missing(
-            "CINIC-10 (train/<class>/*.png, valid/<class>/*.png, test/<class>/*.png)",
+            "CINIC-10 (train/<class>/*.png and test/<class>/*.png; valid/ is not read)",
             candidates,
             f"It cannot be downloaded automatically; get it from {CINIC10_URL} and extract it into {root}.",
         )
