@@ -535,19 +535,7 @@ def cli_main(args: list[str] | None = None, run: bool = True, overwrite: bool = 
     cli_class = _cli_class(args, overwrite=overwrite)
     RUNNING["claimed"], failed = None, True
     try:
-        cli = cli_class(
-            L.LightningModule,  # any module by class path; the methods by name too (method_names)
-            FederatedDataModule,
-            subclass_mode_model=True,
-            seed_everything_default=0,
-            save_config_callback=RunConfigSaver,
-            trainer_defaults={"callbacks": [AtomicLastCheckpoint()]},
-            args=args,
-            run=run,
-            auto_configure_optimizers=False,
-            parser_class=HelpParser,  # its help formatter reaches --model.help CLASS too
-            parser_kwargs=_parser_kwargs(cli_class),
-        )
+        cli = cli_class(**_cli_kwargs(cli_class, args, run), trainer_defaults={"callbacks": [AtomicLastCheckpoint()]})
         failed = False
         return cli
     finally:
@@ -578,6 +566,22 @@ _FLAGS_HELP = (
 )
 
 
+def _cli_kwargs(cli_class: type[FLCLI], args: list[str] | None, run: bool) -> dict[str, Any]:
+    """The arguments :class:`FLCLI` is built with, by :func:`cli_main` and :func:`resolve_config` alike."""
+    return {
+        "model_class": L.LightningModule,  # any module by class path; the methods by name too (method_names)
+        "datamodule_class": FederatedDataModule,
+        "subclass_mode_model": True,
+        "seed_everything_default": 0,
+        "save_config_callback": RunConfigSaver,
+        "args": args,
+        "run": run,
+        "auto_configure_optimizers": False,
+        "parser_class": HelpParser,  # its help formatter reaches --model.help CLASS too
+        "parser_kwargs": _parser_kwargs(cli_class),
+    }
+
+
 def _parser_kwargs(cli_class: type[FLCLI]) -> dict[str, Any]:
     # Raise parse errors instead of printing the usage wall, so that main() can print the one line that matters; an
     # option is taken only by its whole name (`--federation.round` is refused, not read as `--federation.rounds`).
@@ -605,18 +609,7 @@ def resolve_config(args: list[str]) -> dict[str, Any]:
     """
     cli_class = _cli_class(args, resolve_only=True)
     try:
-        cli_class(
-            L.LightningModule,
-            FederatedDataModule,
-            subclass_mode_model=True,
-            seed_everything_default=0,
-            save_config_callback=RunConfigSaver,
-            args=args,
-            run=True,
-            auto_configure_optimizers=False,
-            parser_class=HelpParser,  # its help formatter reaches --model.help CLASS too
-            parser_kwargs=_parser_kwargs(cli_class),
-        )
+        cli_class(**_cli_kwargs(cli_class, args, run=True))
     except _Resolved as resolved:
         return resolved.config
     raise RuntimeError("resolve_config: the CLI did not reach its config")  # pragma: no cover
