@@ -2,8 +2,8 @@
 
 Configs and methods by name (``--config quickstart``, ``--model fedntd``), a data source, partition, network or
 server optimizer by class path (a server optimizer by name too), a config file's YAML checked with its line, the
-logger packages a command needs, the default run location (:func:`run_base`) and the closest option to a misspelt one
-(:func:`closest_option`). Used by :mod:`fl_lightning.lightning_cli`.
+logger packages a command needs, an option a later ``--config`` would set again (:func:`check_config_order`), the
+default run location (:func:`run_base`) and the closest option to a misspelt one (:func:`closest_option`). Used by :mod:`fl_lightning.lightning_cli`.
 """
 
 from __future__ import annotations
@@ -180,6 +180,76 @@ def saved_run_dir(argv: list[str]) -> Path | None:
             if path.name == "config.yaml" and ((run / "summary.json").is_file() or (run / "checkpoints").is_dir()):
                 found = run
     return found
+
+
+def check_config_order(argv: list[str]) -> None:
+    """Refuse an option that a ``--config`` given after it sets again, so that the file's value would be the one used.
+
+    jsonargparse applies the arguments from left to right: ``fit --federation.rounds 1 --config quickstart`` trains
+    the config's 20 rounds. An option given again after the file, and one the file does not set, is fine.
+
+    Raises:
+        ValueError: the option, the file and what to write instead.
+    """
+    subcommand = argv[0] if argv and argv[0] in SUBCOMMANDS else None
+    options = list(_options(argv))
+    last: dict[str, tuple[int, str]] = {}  # an option's key -> where it is given last, and as written
+    for i, (option, value) in enumerate(options):
+        if (
+            option.startswith("--")
+            and not option.endswith(("+", ".help"))
+            and option not in ("--config", "--print_config")
+        ):
+            shown = option if value.startswith("-") or not value else f"{option} {value}"
+            last[_option_key(option, subcommand)] = (i, shown)
+    for i, (option, value) in enumerate(options):
+        if option not in ("--config", "-c"):
+            continue
+        data = _config_data(shipped_configs.resolve_config_arg(value, option))
+        for key in sorted(_config_keys(data, subcommand)):
+            before, shown = last.get(key, (len(options), ""))
+            if before < i:
+                raise ValueError(
+                    f"{shown} comes before {option} {value}, which sets {key} again (options apply from left to "
+                    f"right, so the file's value would be used): give {option} first, then {shown}"
+                )
+
+
+def _option_key(option: str, subcommand: str | None) -> str:
+    """The key an option sets, as a config file nests it: ``--fit.model.init_args.beta`` -> ``model.beta``."""
+    parts = option.removeprefix("--").split(".")
+    if parts[0] == subcommand:
+        parts = parts[1:]
+    parts = [p for p in parts if p != "init_args"]
+    return ".".join(parts[:-1] if parts[-1:] == ["class_path"] else parts)
+
+
+def _config_keys(data: Any, subcommand: str | None) -> set[str]:
+    """The keys a config file sets a value of (``federation.rounds``; ``model`` for its class), ``init_args`` left out.
+
+    >>> sorted(_config_keys({"model": {"class_path": "FedNTD", "init_args": {"beta": 1}}, "trainer": {}}, "fit"))
+    ['model', 'model.beta']
+    """
+    keys: set[str] = set()
+
+    def walk(node: dict[Any, Any], prefix: str) -> None:
+        for name, value in node.items():
+            if not prefix and name in SUBCOMMANDS:
+                continue
+            if name == "init_args" and isinstance(value, dict):
+                walk(value, prefix)
+                continue
+            key = prefix if name == "class_path" else f"{prefix}.{name}" if prefix else str(name)
+            if isinstance(value, dict):
+                walk(value, key)
+            else:
+                keys.add(key)
+
+    if isinstance(data, dict):
+        walk(data, "")
+        if subcommand is not None and isinstance(data.get(subcommand), dict):
+            walk(data[subcommand], "")
+    return keys
 
 
 def method_class_path(value: str, option: str = "--model") -> str:

@@ -28,6 +28,7 @@ from fl_lightning.checkpoint import AtomicLastCheckpoint
 from fl_lightning.cli_args import (  # cli_args imports the methods: `--model FedNTD` resolves
     DATA_FACTS,
     SUBCOMMANDS,
+    check_config_order,
     check_data_facts,
     check_logger_package,
     check_logger_packages,
@@ -348,8 +349,9 @@ class FLCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         argv = list(sys.argv[1:] if args is None else args) if not isinstance(args, dict) else args
         if isinstance(argv, list):
-            argv = tensorboard_save_dir(class_paths(method_names(named_configs(network_help(argv)))))
+            given, argv = argv, tensorboard_save_dir(class_paths(method_names(named_configs(network_help(argv)))))
             check_logger_packages(argv)
+            check_config_order(given)  # named as the user wrote them
             self.run_base, self.own_run_dir = run_base(argv), saved_run_dir(argv)
         try:
             super().parse_arguments(parser, argv)

@@ -574,3 +574,32 @@ def test_one_callback_on_the_command_line(tmp_path):
     assert run(args) == 0
     summary = read_summary(tmp_path / "r")
     assert summary["status"] == "completed" and summary["stopped_early_round"] == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "shown", "key"),
+    [
+        (["--federation.rounds", "1", "--config", "quickstart"], "--federation.rounds 1", "federation.rounds"),
+        (["--model", "FedNTD", "-c", "quickstart"], "--model FedNTD", "model"),
+        (["--model.init_args.lr=0.1", "--config=quickstart"], "--model.init_args.lr 0.1", "model.lr"),
+    ],
+)
+def test_an_option_a_later_config_sets_again_is_refused(tmp_path, capsys, args, shown, key):
+    # Before: the config's value won silently (`--federation.rounds 1 --config quickstart` trained 20 rounds).
+    option = "-c" if "-c" in args else "--config"
+    root = ["--trainer.default_root_dir", str(tmp_path / "r")]
+    assert run(["fit", *args, *root]) == EXIT_CODES["bad input"]
+    assert err_lines(capsys) == [
+        f"error: {shown} comes before {option} quickstart, which sets {key} again (options apply from left to right, "
+        f"so the file's value would be used): give {option} first, then {shown}"
+    ]
+    assert not (tmp_path / "r").exists()
+
+
+def test_an_option_before_a_config_that_leaves_it_alone_or_given_again_is_taken(tmp_path):
+    piece = tmp_path / "piece.yaml"
+    piece.write_text("data:\n  alpha: 0.3\n")
+    args = ["fit", "--federation.rounds", "1", "--config", "quickstart", "--federation.rounds", "2"]
+    args += ["--data.num_clients", "4", "--config", str(piece), "--trainer.default_root_dir", str(tmp_path / "r")]
+    assert run([*args, "--trainer.enable_progress_bar", "false"]) == 0
+    assert read_summary(tmp_path / "r")["rounds_done"] == 2
