@@ -3,7 +3,8 @@
 Configs and methods by name (``--config quickstart``, ``--model fedntd``), a data source, partition, network or
 server optimizer by class path (a server optimizer by name too), a config file's YAML checked with its line, the
 logger packages a command needs, an option a later ``--config`` would set again (:func:`check_config_order`), the
-default run location (:func:`run_base`) and the closest option to a misspelt one (:func:`closest_option`). Used by :mod:`fl_lightning.lightning_cli`.
+default run location (:func:`run_base`) and the closest option to a misspelt one (:func:`closest_option`). Used by
+:mod:`fl_lightning.lightning_cli`.
 """
 
 from __future__ import annotations

@@ -265,8 +265,8 @@ def test_a_damaged_checkpoint_given_by_path_is_refused_with_one_line(copy, capsy
     assert line.startswith(f"error: checkpoint {ckpt} cannot be loaded")
     said = {
         "truncated": "(cut short: its archive ends early); it is damaged",
-        "random bytes": "it is no PyTorch checkpoint; resume from a checkpoint file",
-        "a YAML file": "it is a text file, not a checkpoint (a config goes to --config); resume from a checkpoint file",
+        "random bytes": "it is no PyTorch checkpoint; give --ckpt_path a checkpoint file",
+        "a YAML file": "it is a text file, not a checkpoint (a config goes to --config); give --ckpt_path a checkpoint",
     }[damage]
     assert said in line, line
 

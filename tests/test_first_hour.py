@@ -205,6 +205,10 @@ def test_test_and_validate_refuse_an_untrained_model_and_find_last_as_a_resume_d
         assert f"error: {command} evaluates a trained global model: give --ckpt_path" in capsys.readouterr().err
     assert run(["test", *base, "--ckpt_path", "last"]) == EXIT_CODES["bad input"]
     assert "no checkpoints/last.ckpt in runs/quickstart (no version_N of these settings)" in capsys.readouterr().err
+    assert run(["test", *base, "--ckpt_path", "no.ckpt"]) == EXIT_CODES["bad input"]  # before: Lightning's 2 lines
+    assert capsys.readouterr().err.splitlines()[-1:] == [
+        "error: --ckpt_path no.ckpt: no such file; give <run dir>/checkpoints/last.ckpt, or last"
+    ]
     assert run(["fit", *base, "--federation.rounds", "1", "--trainer.enable_progress_bar", "false"]) == 0
     final = read_summary(tmp_path / "runs" / "quickstart" / "version_0")["final_acc"]
     capsys.readouterr()

@@ -294,11 +294,12 @@ def check_checkpoint_file(path: str | os.PathLike[str]) -> None:
     except DamagedCheckpoint as err:
         if err.foreign:
             raise RunDirError(
-                f"{err}; resume from a checkpoint file, such as <run dir>/checkpoints/last.ckpt, or from last"
+                f"{err}; give --ckpt_path a checkpoint file (in Python ckpt_path=), such as "
+                "<run dir>/checkpoints/last.ckpt, or last"
             ) from err
         raise RunDirError(
-            f"{err}; it is damaged: resume from another checkpoint (--ckpt_path <file>; in Python ckpt_path=), or "
-            "start again (--overwrite; in Python another default_root_dir)"
+            f"{err}; it is damaged: give another checkpoint (--ckpt_path <file>; in Python ckpt_path=), or start the "
+            "fit again (--overwrite; in Python another default_root_dir)"
         ) from err
 
 

@@ -85,7 +85,10 @@ def checkpoint_to_evaluate(
             "(or --ckpt_path last, with the run's settings or its --config <run dir>/config.yaml)"
         )
     if ckpt_path != "last":
-        return str(ckpt_path)
+        named = os.path.expanduser(ckpt_path)
+        if not Path(named).is_file():  # before: Lightning's "Restoring states" line, then its "not found"
+            raise ValueError(f"--ckpt_path {ckpt_path}: no such file; give <run dir>/checkpoints/last.ckpt, or last")
+        return named
     found = matching_version(base, config) if base is not None else run_dir
     last = found / "checkpoints" / "last.ckpt" if found is not None else None
     if last is None or not last.is_file():
