@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up a virtual environment (scripts/setup_venv.sh), check the import contracts and the types, and run the tests.
+# Set up a virtual environment (scripts/setup_venv.sh), check lint, format, the import contracts and the types, and run
+# the tests.
 #
 #   bash scripts/test.sh           the suite: every test but the `slow` ones (under 5 minutes on 2 cores)
 #   bash scripts/test.sh --slow    the `slow` tests alone, end to end through processes that import torch and
@@ -25,7 +26,9 @@ case "${1:-}" in
        if [[ "$arg" == *.py || "$arg" == *::* ]]; then SELECT=(); fi
      done ;;
 esac
-# The import contracts and the types ([tool.importlinter], [tool.mypy] in pyproject.toml).
+# Lint and format ([tool.ruff]), the import contracts and the types ([tool.importlinter], [tool.mypy] in pyproject.toml).
+"$VENV/bin/ruff" check --quiet .
+"$VENV/bin/ruff" format --check --quiet .
 "$VENV/bin/lint-imports"
 "$VENV/bin/mypy"
 # worksteal: idle workers take queued tests from busy ones, so a long test near the end does not leave a core idle.
