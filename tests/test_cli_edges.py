@@ -424,7 +424,7 @@ def _fake_venv(tmp_path: Path) -> tuple[Path, Path]:
     """A virtual environment whose python and pip only write their arguments to a log."""
     venv, log = tmp_path / "venv", tmp_path / "calls.log"
     (venv / "bin").mkdir(parents=True)
-    for tool in ("python", "pip", "lint-imports", "mypy"):
+    for tool in ("python", "pip", "ruff", "lint-imports", "mypy"):
         script = venv / "bin" / tool
         script.write_text(f'#!/usr/bin/env bash\necho "{tool} $*" >> "{log}"\n')
         script.chmod(0o755)
