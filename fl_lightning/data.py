@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
@@ -28,7 +29,7 @@ from fl_lightning.core.context import ClientContext, ServerContext
 from fl_lightning.core.data_settings import DATASET_SHAPES, resolve_data_settings
 from fl_lightning.core.datasets import DEFAULT_ROOT, ImageData, load_dataset
 from fl_lightning.core.evaluation import Evaluation, evaluate
-from fl_lightning.core.messages import require_integer
+from fl_lightning.core.messages import require, require_bool, require_integer, short
 from fl_lightning.core.partitions import ClassesPerClient, Partitioner
 from fl_lightning.core.rounds import RoundPlan, RoundPlanner
 from fl_lightning.core.sources import (
@@ -42,7 +43,7 @@ from fl_lightning.core.sources import (
     dataset_labels,
 )
 from fl_lightning.core.train_split import given_after_holdout, holdout_split, split_clients
-from fl_lightning.lightning_internals import record_initial_hparam
+from fl_lightning.lightning_internals import python_scalar_hparams, record_initial_hparam
 
 __all__ = [
     "DATASET_SHAPES",
@@ -146,6 +147,9 @@ class FederatedDataModule(L.LightningDataModule):
     ) -> None:
         super().__init__()
         require_integer("seed", seed, least=0)  # the partition's and the holdout's: numpy takes no other
+        for flag, value in (("download", download), ("drop_last", drop_last), ("normalize", normalize)):
+            require_bool(flag, value)
+        require(isinstance(root, str | os.PathLike | None), f"root must be a folder's path or None, got {short(root)}")
         settings = resolve_data_settings(
             dataset,
             partition,
@@ -170,10 +174,11 @@ class FederatedDataModule(L.LightningDataModule):
         self.dataset, self.num_classes, self.num_clients = settings.dataset, settings.num_classes, settings.num_clients
         self.input_shape, self.input_dtype = settings.input_shape, settings.input_dtype
         self.client_names: list[Any] = settings.client_names
-        self.root, self.download, self.seed = root, download, seed
-        self.holdout_per_class, self.batch_size, self.eval_batch_size = holdout_per_class, batch_size, eval_batch_size
-        self.drop_last, self.normalize, self.in_memory = drop_last, normalize, in_memory
-        self.num_workers, self.pin_memory = num_workers, pin_memory
+        self.root, self.download, self.seed = root, bool(download), int(seed)
+        self.holdout_per_class, self.batch_size = int(holdout_per_class), int(batch_size)
+        self.eval_batch_size, self.drop_last, self.normalize = int(eval_batch_size), bool(drop_last), bool(normalize)
+        self.in_memory = None if in_memory is None else bool(in_memory)
+        self.num_workers, self.pin_memory = int(num_workers), bool(pin_memory)
         self._augment_args = (crop_padding, hflip, cutout)
         self._source = settings.source
         self._client_ids = settings.client_ids
@@ -182,6 +187,7 @@ class FederatedDataModule(L.LightningDataModule):
         self._test: SplitData | None = loaded.test if loaded is not None else None
         self._val = loaded.val if loaded is not None else None  # the user's validation data (else the holdout)
         self.save_hyperparameters(ignore=["dataset", "client_ids"])
+        python_scalar_hparams(self)
         for name, value in settings.recorded_hparams(partition).items():  # as resolved, not as given
             record_initial_hparam(self, name, value)
 
@@ -237,6 +243,7 @@ class FederatedDataModule(L.LightningDataModule):
             val: validation ``(inputs, labels)`` for a module's ``validation_step`` (default: the server holdout).
             **kwargs: the partition, client, batch and other options of :class:`FederatedDataModule`.
         """
+        require(isinstance(name, str) and name != "", f"name must be a non-empty string, got {short(name)}")
         return cls(dataset=GivenData((train_x, train_y), (test_x, test_y), name, val), **kwargs)  # type: ignore[arg-type]
 
     @classmethod
@@ -258,6 +265,7 @@ class FederatedDataModule(L.LightningDataModule):
             val: validation dataset for a module's ``validation_step`` (default: the server holdout).
             **kwargs: the options of :class:`FederatedDataModule` (``partition``, ``client_ids``, ``in_memory``, ...).
         """
+        require(isinstance(name, str | None), f"name must be a string or None, got {short(name)}")
         source = GivenData(train, test, name or type(train).__name__, val)
         return cls(dataset=source, **kwargs)
 

@@ -39,7 +39,7 @@ from fl_lightning.core.distributed import (
 )
 from fl_lightning.core.evaluation import Evaluation
 from fl_lightning.core.gpu_memory import GIB, MIB, StackedMemory, fitting_group
-from fl_lightning.core.messages import require, require_one_of
+from fl_lightning.core.messages import require_bool, require_integer, require_number, require_one_of
 from fl_lightning.core.models import trainable
 from fl_lightning.core.rounds import RoundPlan, RoundState, num_sampled, process_share
 from fl_lightning.core.run_lock import RunDirClaim, RunDirError
@@ -152,23 +152,16 @@ class Federation(Callback, FederatedServer):
         FederatedServer.__init__(
             self, rounds, sample_ratio, local_epochs, aggregation, lr_decay, eval_every, seed, opt, client_state_mb
         )
-        require(collapse_rounds is None or collapse_rounds > 0, f"collapse_rounds must be >= 1, got {collapse_rounds}")
+        self.plots, self.eval_local = require_bool("plots", plots), require_bool("eval_local", eval_local)
+        self.collapse_rounds = require_integer("collapse_rounds", collapse_rounds, least=1, optional=True)
         require_one_of("engine", engine, ENGINES)
-        require(group_size is None or group_size >= 1, f"group_size must be at least 1 (or None), got {group_size}")
+        self.engine, self.group_size = engine, require_integer("group_size", group_size, least=1, optional=True)
         require_one_of("step_capture", step_capture, CAPTURE_MODES)
-        require(
-            memory_budget_gb is None or memory_budget_gb > 0,
-            f"memory_budget_gb must be above 0 (or None), got {memory_budget_gb}",
-        )
+        self.memory_budget_gb = require_number("memory_budget_gb", memory_budget_gb, "> 0", optional=True)
         require_one_of("stacked_conv", stacked_conv, STACKED_CONVS)
-        require(
-            process_timeout is None or process_timeout > 0, f"process_timeout must be above 0, got {process_timeout}"
-        )
-        self.step_capture, self.memory_budget_gb, self.stacked_conv = step_capture, memory_budget_gb, stacked_conv
-        self.process_timeout = process_timeout
+        self.process_timeout = require_number("process_timeout", process_timeout, "> 0", optional=True)
+        self.step_capture, self.stacked_conv = step_capture, stacked_conv
         self._budget: float | None = None  # bytes the group is fitted to, when the callback chooses the group size
-        self.plots, self.eval_local, self.collapse_rounds = plots, eval_local, collapse_rounds
-        self.engine, self.group_size = engine, group_size
         self.engine_used = "sequential"  #: The engine this fit runs (``engine`` resolved at fit start).
         self.client_group: int | None = None  # clients per training batch with the batched engine
         self._engine_note: str | None = None  # what to say about the engine when training starts

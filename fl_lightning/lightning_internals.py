@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import lightning as L
+import numpy as np
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, Timer
 from lightning.pytorch.callbacks.progress.rich_progress import RichProgressBar
@@ -21,6 +22,7 @@ __all__ = [
     "counted_step",
     "has_trainer",
     "keep_scheduler_monitors",
+    "python_scalar_hparams",
     "record_initial_hparam",
     "restore_scheduler_monitors",
     "rich_bar_settings",
@@ -103,6 +105,19 @@ def record_initial_hparam(obj: HyperparametersMixin, name: str, value: Any) -> N
     initial = getattr(obj, "_hparams_initial", None)
     if initial is not None:
         initial[name] = value
+
+
+def python_scalar_hparams(obj: HyperparametersMixin) -> None:
+    """Record the numpy scalars among ``obj``'s hyper-parameters (also in a tuple or list) as Python's.
+
+    Lightning refuses a fit whose module and datamodule share a key of different types (``num_classes``
+    ``np.int64(10)`` and ``10``), and the loggers write YAML of Python's types.
+    """
+    for name, value in list(obj.hparams.items()):
+        if isinstance(value, np.generic):
+            record_initial_hparam(obj, name, value.item())
+        elif isinstance(value, tuple | list) and any(isinstance(v, np.generic) for v in value):
+            record_initial_hparam(obj, name, type(value)(v.item() if isinstance(v, np.generic) else v for v in value))
 
 
 def rich_bar_settings(bar: RichProgressBar) -> dict[str, Any]:

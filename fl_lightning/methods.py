@@ -17,6 +17,7 @@ from torch.func import functional_call
 
 from fl_lightning.core import losses
 from fl_lightning.core.context import ClientContext, ServerContext
+from fl_lightning.core.messages import require, require_bool, require_integer, require_number
 from fl_lightning.core.models import in_mode, require_features, trainable
 from fl_lightning.core.registry import Registry, named_subclass
 from fl_lightning.module import FedAvg, frozen_forward, has_batch_norm
@@ -36,8 +37,8 @@ class KD(FedAvg):
     uses_teacher = True
 
     def __init__(self, beta: float = 0.3, tau: float = 1.0, **kwargs: Any) -> None:
-        if not 0 <= beta <= 1 or tau <= 0:
-            raise ValueError(f"KD needs beta in [0, 1] and tau > 0, got beta={beta}, tau={tau}")
+        owner = type(self).__name__
+        beta, tau = require_number(f"{owner}: beta", beta, "[0, 1]"), require_number(f"{owner}: tau", tau, "> 0")
         super().__init__(**kwargs)
         self.beta, self.tau = beta, tau
 
@@ -61,8 +62,8 @@ class FedNTD(FedAvg):
     uses_teacher = True
 
     def __init__(self, beta: float = 1.0, tau: float = 1.0, **kwargs: Any) -> None:
-        if beta < 0 or tau <= 0:
-            raise ValueError(f"FedNTD needs beta >= 0 and tau > 0, got beta={beta}, tau={tau}")
+        owner = type(self).__name__
+        beta, tau = require_number(f"{owner}: beta", beta, ">= 0"), require_number(f"{owner}: tau", tau, "> 0")
         super().__init__(**kwargs)
         self.beta, self.tau = beta, tau
 
@@ -100,10 +101,14 @@ class FedLMD(FedAvg):
         switch_round: int | None = None,
         **kwargs: Any,
     ) -> None:
-        if beta < 0 or tau <= 0:
-            raise ValueError(f"FedLMD needs beta >= 0 and tau > 0, got beta={beta}, tau={tau}")
-        if switch_round is not None and (switch_round < 0 or not teacher_free):
-            raise ValueError("switch_round needs teacher_free=true and a round >= 0 (FedLMD-Tf until then)")
+        owner = type(self).__name__
+        beta, tau = require_number(f"{owner}: beta", beta, ">= 0"), require_number(f"{owner}: tau", tau, "> 0")
+        teacher_free = require_bool(f"{owner}: teacher_free", teacher_free)
+        switch_round = require_integer(f"{owner}: switch_round", switch_round, least=0, optional=True)
+        require(
+            switch_round is None or teacher_free,
+            f"{owner}: switch_round={switch_round} needs teacher_free=True (FedLMD-Tf until that round, then FedLMD)",
+        )
         super().__init__(**kwargs)
         self.beta, self.tau = beta, tau
         self.teacher_free = teacher_free
@@ -166,8 +171,9 @@ class FedSSD(FedAvg):
     client_attributes = ("credibility",)
 
     def __init__(self, m_max: float | None = None, aux_per_class: int = 64, **kwargs: Any) -> None:
-        if (m_max is not None and m_max < 0) or aux_per_class < 1:
-            raise ValueError(f"FedSSD needs m_max >= 0 and aux_per_class >= 1, got {m_max}, {aux_per_class}")
+        owner = type(self).__name__
+        m_max = require_number(f"{owner}: m_max", m_max, ">= 0", optional=True)
+        aux_per_class = require_integer(f"{owner}: aux_per_class", aux_per_class, least=1)
         super().__init__(**kwargs)
         self._m_max = m_max
         self.aux_per_class = aux_per_class
@@ -231,8 +237,11 @@ class FedCAD(FedAvg):
     client_attributes = ("alpha",)
 
     def __init__(self, beta: float = 0.25, gamma: float = 0.5, tau: float = 1.0, **kwargs: Any) -> None:
-        if not 0 <= beta <= gamma <= 1 or tau <= 0:
-            raise ValueError(f"FedCAD needs 0 <= beta <= gamma <= 1 and tau > 0, got {beta}, {gamma}, {tau}")
+        owner = type(self).__name__
+        beta = require_number(f"{owner}: beta", beta, "[0, 1]")
+        gamma = require_number(f"{owner}: gamma", gamma, "[0, 1]")
+        tau = require_number(f"{owner}: tau", tau, "> 0")
+        require(beta <= gamma, f"{owner} needs beta <= gamma (the bounds of alpha), got beta={beta}, gamma={gamma}")
         super().__init__(**kwargs)
         self.beta, self.gamma, self.tau = beta, gamma, tau
         self.alpha: Tensor | None = None
@@ -278,8 +287,9 @@ class FedKA(FedAvg):
     client_attributes = ("dominant", "anchor_x", "anchor_zg", "anchor_w")
 
     def __init__(self, beta: float = 0.1, gamma: float | None = None, mu: int = 10, **kwargs: Any) -> None:
-        if beta < 0 or mu < 1 or (gamma is not None and not 0 < gamma <= 1):
-            raise ValueError(f"FedKA needs beta >= 0, mu >= 1 and gamma in (0, 1], got {beta}, {mu}, {gamma}")
+        owner = type(self).__name__
+        beta, mu = require_number(f"{owner}: beta", beta, ">= 0"), require_integer(f"{owner}: mu", mu, least=1)
+        gamma = require_number(f"{owner}: gamma", gamma, "(0, 1]", optional=True)
         super().__init__(**kwargs)
         self.beta, self.mu = beta, mu
         self._gamma = gamma
@@ -354,8 +364,7 @@ class FedProx(FedAvg):
     client_attributes = ("_global_params",)
 
     def __init__(self, mu: float = 0.01, **kwargs: Any) -> None:
-        if mu < 0:
-            raise ValueError(f"FedProx needs mu >= 0, got {mu}")
+        mu = require_number(f"{type(self).__name__}: mu", mu, ">= 0")
         super().__init__(**kwargs)
         self.mu = mu
         self._global_params: list[Tensor] = []
@@ -383,8 +392,7 @@ class FedRS(FedAvg):
     client_attributes = ("present",)
 
     def __init__(self, alpha: float = 0.5, **kwargs: Any) -> None:
-        if not 0 <= alpha <= 1:
-            raise ValueError(f"FedRS needs alpha in [0, 1], got {alpha}")
+        alpha = require_number(f"{type(self).__name__}: alpha", alpha, "[0, 1]")
         super().__init__(**kwargs)
         self.alpha = alpha
         self.present: Tensor | None = None
@@ -602,8 +610,7 @@ class FedDyn(FedAvg):
     upload_reduce: ClassVar[Mapping[str, str]] = {"delta_h": "sum"}
 
     def __init__(self, alpha: float = 0.01, **kwargs: Any) -> None:
-        if alpha <= 0:
-            raise ValueError(f"FedDyn needs alpha > 0, got {alpha}")
+        alpha = require_number(f"{type(self).__name__}: alpha", alpha, "> 0")
         super().__init__(**kwargs)
         self.alpha = alpha
         # By trainable parameter's name (set outside the step, where requires_grad tells which are trainable).
@@ -688,8 +695,9 @@ class MOON(FedAvg):
     client_attributes = ("_prev_weights",)
 
     def __init__(self, mu: float = 1.0, tau: float = 0.5, proj_dim: int = 256, **kwargs: Any) -> None:
-        if mu < 0 or tau <= 0 or proj_dim < 1:
-            raise ValueError(f"MOON needs mu >= 0, tau > 0 and proj_dim >= 1, got {mu}, {tau}, {proj_dim}")
+        owner = type(self).__name__
+        mu, tau = require_number(f"{owner}: mu", mu, ">= 0"), require_number(f"{owner}: tau", tau, "> 0")
+        proj_dim = require_integer(f"{owner}: proj_dim", proj_dim, least=1)
         super().__init__(**kwargs)
         self.mu, self.tau, self.proj_dim = mu, tau, proj_dim
         self.head: nn.Module | None = None
@@ -774,8 +782,9 @@ class FedCurv(FedAvg):
     upload_reduce: ClassVar[Mapping[str, str]] = {"fisher": "sum", "fisher_w": "sum", "fisher_w2": "sum"}
 
     def __init__(self, lam: float = 1e-3, fisher_samples: int = 500, **kwargs: Any) -> None:
-        if lam < 0 or fisher_samples < 1:
-            raise ValueError(f"FedCurv needs lam >= 0 and fisher_samples >= 1, got {lam}, {fisher_samples}")
+        owner = type(self).__name__
+        lam = require_number(f"{owner}: lam", lam, ">= 0")
+        fisher_samples = require_integer(f"{owner}: fisher_samples", fisher_samples, least=1)
         super().__init__(**kwargs)
         self.lam = lam
         self.fisher_samples = fisher_samples

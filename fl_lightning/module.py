@@ -20,8 +20,15 @@ from fl_lightning.core.batches import ClientGroup
 from fl_lightning.core.context import ClientContext, ServerContext, checked_payload, checked_upload
 from fl_lightning.core.distributed import all_reduce_sum_
 from fl_lightning.core.evaluation import Counts, Evaluation, add_counts, batch_counts, unpadded
+from fl_lightning.core.messages import require_bool, require_integer, require_number
 from fl_lightning.core.models import MODELS, build_model, net_name, trainable
-from fl_lightning.lightning_internals import counted_step, has_trainer, record_initial_hparam, set_logged_batch_size
+from fl_lightning.lightning_internals import (
+    counted_step,
+    has_trainer,
+    python_scalar_hparams,
+    record_initial_hparam,
+    set_logged_batch_size,
+)
 
 #: Where a method's checkpoint holds its :class:`~fl_lightning.core.augment.InputNormalization` statistics.
 INPUT_NORMALIZATION_KEY = "input_normalization"
@@ -286,16 +293,19 @@ class FedAvg(FederatedHooks, L.LightningModule):
             )
         if not isinstance(net, nn.Module | str):
             raise TypeError(f"net must be an nn.Module or a built-in network's name, got {type(net).__name__}")
-        if lr <= 0:
-            raise ValueError(f"lr must be positive, got {lr}")
-        if not 0 <= momentum < 1:
-            raise ValueError(f"momentum must be in [0, 1), got {momentum}")
-        if not weight_decay >= 0:
-            raise ValueError(f"weight_decay must be >= 0 (0 for none), got {weight_decay}")
-        if clip_grad_norm is not None and clip_grad_norm <= 0:
-            raise ValueError(f"clip_grad_norm must be positive (or None for no clipping), got {clip_grad_norm}")
+        for name, count in (("num_classes", num_classes), ("in_channels", in_channels)):
+            require_integer(name, count, least=1, optional=True)
+        pair = isinstance(image_size, tuple | list) and len(image_size) == 2  # (height, width)
+        for i, side in enumerate(cast(Sequence[Any], image_size) if pair else (image_size,)):
+            require_integer(f"image_size[{i}]" if pair else "image_size", side, least=1, optional=not pair)
+        require_number("lr", lr, "> 0")
+        require_number("momentum", momentum, "[0, 1)")
+        require_number("weight_decay", weight_decay, ">= 0", hint="give 0 for none")
+        require_bool("step_hooks", step_hooks)
+        require_number("clip_grad_norm", clip_grad_norm, "> 0", optional=True, hint="give None for no clipping")
         # The network itself is not a hyper-parameter; results, checkpoints and loggers record its name or class path.
         self.save_hyperparameters(ignore=["net"])
+        python_scalar_hparams(self)
         self.hparams["net"] = net_name(net)
         # Manual optimization: one explicit step per batch is both what FL local training is and measurably cheaper
         # than Lightning's closure machinery on small CPU models (see bench/).

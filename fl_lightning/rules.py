@@ -116,17 +116,18 @@ def check_precision(precision: str | int, on_cpu: bool, exact_steps_method: str 
     if precision in CONVERTING_PRECISIONS:
         raise ValueError(
             f"trainer option precision={precision!r} converts the weights, and the federation's batches are float32; "
-            "use --trainer.precision 32-true or bf16-mixed (16-mixed on a GPU without bfloat16)"
+            "use --trainer.precision 32-true or bf16-mixed (16-mixed on a GPU without bfloat16; in Python "
+            "L.Trainer(precision='32-true'))"
         )
     if on_cpu and precision not in CPU_PRECISIONS:
         raise ValueError(
             f"trainer option precision={precision!r} needs a CUDA GPU; on the CPU use --trainer.precision 32-true "
-            "(or bf16-mixed)"
+            "(or bf16-mixed; in Python L.Trainer(precision='32-true'))"
         )
     if exact_steps_method is not None and precision in SCALED_PRECISIONS:
         raise ValueError(
             f"{exact_steps_method} counts local steps, and 16-mixed's gradient scaler can skip some; "
-            "use --trainer.precision bf16-mixed or 32-true"
+            "use --trainer.precision bf16-mixed or 32-true (in Python L.Trainer(precision='bf16-mixed'))"
         )
 
 
@@ -160,7 +161,7 @@ def check_trainer_values(options: Mapping[str, Any], rounds: int | None = None) 
     if every is not None and every < 1:
         raise ValueError(
             f"trainer option check_val_every_n_epoch={every} must be at least 1 (validate every that many rounds); "
-            "to validate never, use --trainer.limit_val_batches 0"
+            "to validate never, use --trainer.limit_val_batches 0 (in Python L.Trainer(limit_val_batches=0))"
         )
     clip = options.get("gradient_clip_val")
     if clip is not None and not clip >= 0:
@@ -350,7 +351,8 @@ def check_callbacks(trainer: L.Trainer) -> None:
             raise ValueError(
                 f"{type(callback).__name__} is not supported with Federation: it averages the weights after every "
                 "training batch, which here is a client's local model, not the global model; remove it "
-                "(server-side averaging across rounds is a server optimizer: --federation.server_optimizer)"
+                "(server-side averaging across rounds is a server optimizer: --federation.server_optimizer, in Python "
+                "Federation(server_optimizer=...))"
             )
 
 
@@ -375,7 +377,7 @@ def check_lr_schedulers(trainer: L.Trainer, lr_decay: float) -> None:
         if lr_decay != 1.0:
             raise ValueError(
                 f"both lr_decay={lr_decay} and the LR scheduler {name} schedule the round's learning rate; "
-                "use one (--federation.lr_decay 1, or no scheduler in configure_optimizers)"
+                "use one (Federation(lr_decay=1), --federation.lr_decay 1, or no scheduler in configure_optimizers)"
             )
 
 

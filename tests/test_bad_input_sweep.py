@@ -85,7 +85,7 @@ def test_data_root_that_is_a_file(tmp_path):
 
 def test_negative_weight_decay():
     # Before: accepted, then torch's "Invalid weight_decay value: -1.0" once the run directory was written.
-    with pytest.raises(ValueError, match=r"weight_decay must be >= 0 \(0 for none\), got -1"):
+    with pytest.raises(ValueError, match=r"^weight_decay must be >= 0, got -1.0; give 0 for none$"):
         FedAvg(weight_decay=-1.0)
 
 

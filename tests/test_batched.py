@@ -697,7 +697,7 @@ def test_auto_keeps_unbatchable_methods_sequential(tmp_path: Path) -> None:
 def test_bad_engine_arguments() -> None:
     with pytest.raises(ValueError, match="engine must be one of.*bogus"):
         Federation(engine="bogus")
-    with pytest.raises(ValueError, match="group_size must be at least 1"):
+    with pytest.raises(ValueError, match=r"group_size must be an integer of at least 1 \(or None\)"):
         Federation(engine="batched", group_size=0)
 
 

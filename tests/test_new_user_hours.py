@@ -118,7 +118,7 @@ def test_a_methods_option_before_the_method_says_to_give_the_method_first(tmp_pa
         (
             ["--federation.sample_ratio", "0"],
             "error: sample_ratio must be in (0, 1], got 0.0; give a fraction of the clients "
-            "(--federation.sample_ratio)",
+            "(--federation.sample_ratio, in Python Federation(sample_ratio=...))",
         ),
         (
             ["--data.batch_size", "0"],

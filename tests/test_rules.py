@@ -47,7 +47,7 @@ def test_half_precision_on_the_cpu_is_refused(precision):
         rules.check_precision(precision, on_cpu=True)
     assert str(err.value) == (
         f"trainer option precision='{precision}' needs a CUDA GPU; on the CPU use --trainer.precision 32-true "
-        "(or bf16-mixed)"
+        "(or bf16-mixed; in Python L.Trainer(precision='32-true'))"
     )
 
 

@@ -10,7 +10,7 @@ the partitioner, the number of clients and classes, and the shape of one input. 
 >>> resolve_data_settings("digits", "iid", num_clients=0)
 Traceback (most recent call last):
     ...
-ValueError: num_clients must be at least 1, got 0
+ValueError: num_clients must be an integer of at least 1 (or None), got 0
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from fl_lightning.core.datasets import DATASETS
+from fl_lightning.core.messages import require_bool, require_integer
 from fl_lightning.core.partitions import Given, Partitioner, client_id_array, make_partitioner, unused_partitioners
 from fl_lightning.core.sources import DataSource, Info, LoadedSource, load_source
 
@@ -123,17 +124,16 @@ def check_options(
             if client_ids is None
             else "client_ids are given twice, to the datamodule and to its Given partition; give them once"
         )
-    if num_clients is not None and num_clients < 1:
-        raise ValueError(f"num_clients must be at least 1, got {num_clients}")
-    if holdout_per_class < 0:
-        raise ValueError(f"holdout_per_class must be >= 0, got {holdout_per_class}")
+    require_integer("num_clients", num_clients, least=1, optional=True)
+    require_integer("holdout_per_class", holdout_per_class, least=0)
+    require_integer("batch_size", batch_size)
+    require_integer("eval_batch_size", eval_batch_size)
     if batch_size < 1 or eval_batch_size < 1:
         raise ValueError(
             f"batch sizes must be positive, got batch_size={batch_size} and eval_batch_size={eval_batch_size}; "
             "give at least 1 (--data.batch_size, --data.eval_batch_size)"
         )
-    if num_workers < 0:
-        raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+    require_integer("num_workers", num_workers, least=0)
     return given
 
 
@@ -147,7 +147,9 @@ def check_augment(augment: tuple[int, bool, int], input_shape: tuple[int, ...], 
     ValueError: cutout must be 0 (off) or a square side below digits's image side 8, got 9; set --data.cutout ...
     """
     side = min(input_shape[1:]) if len(input_shape) == 3 else None
+    require_bool("hflip", augment[1])
     for option, value in (("crop_padding", augment[0]), ("cutout", augment[2])):
+        require_integer(option, value)
         if value < 0 or (side is not None and value >= side):
             what = "a padding" if option == "crop_padding" else "a square side"
             limit = f" below {name}'s image side {side}" if side is not None else ""
@@ -219,6 +221,9 @@ def resolve_data_settings(
     given = check_options(
         partitioner, client_ids, num_clients, holdout_per_class, batch_size, eval_batch_size, num_workers
     )
+    require_integer("num_classes", num_classes, least=1, optional=True)
+    require_bool("in_memory", in_memory, optional=True)
+    require_bool("pin_memory", pin_memory)
     source, loaded = None, None
     if isinstance(dataset, str):
         if dataset not in DATASETS:
@@ -263,7 +268,7 @@ def resolve_data_settings(
     return DataSettings(
         name,
         partitioner,
-        num_clients if num_clients is not None else 10,
+        int(num_clients) if num_clients is not None else 10,
         classes,
         input_shape,
         input_dtype,

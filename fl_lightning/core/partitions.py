@@ -21,6 +21,7 @@ from typing import Any, ClassVar, cast
 
 import numpy as np
 
+from fl_lightning.core.messages import finite_number
 from fl_lightning.core.registry import Registry, named_subclass
 
 Labels = Sequence[int] | np.ndarray
@@ -55,11 +56,8 @@ def _check_clients(num_clients: int, n: int) -> int:
 
 
 def _alpha(alpha: float) -> float:
-    try:
-        value = float(alpha)
-    except (TypeError, ValueError):
-        value = float("nan")
-    if not (np.isfinite(value) and value > 0):
+    value = finite_number(alpha)
+    if value is None or value <= 0:
         raise ValueError(
             f"the Dirichlet concentration must be a positive number, got alpha={alpha!r}; "
             "give a finite alpha > 0 (--data.alpha; e.g. 0.5, smaller is more skewed)"

@@ -18,7 +18,7 @@ from torch import Tensor
 from fl_lightning.core.aggregation import aggregation_weights
 from fl_lightning.core.context import ServerContext, checked_weights
 from fl_lightning.core.distributed import to_device
-from fl_lightning.core.messages import require, require_integer
+from fl_lightning.core.messages import require, require_integer, require_number, require_one_of
 from fl_lightning.core.rounds import RoundPlan, RoundState, plan_round
 from fl_lightning.core.rundir import RunDirError, checkpoint_diff
 from fl_lightning.core.server_optim import ServerOptimizer, ServerSGD, server_optimizer_class
@@ -50,10 +50,10 @@ class FederatedServer:
     (0, 3)
     >>> [r for r in range(1, 5) if server.evaluates(r)]
     [3, 4]
-    >>> FederatedServer(sample_ratio=0.0)
+    >>> FederatedServer(sample_ratio=0.0)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ValueError: sample_ratio must be in (0, 1], got 0.0; give a fraction of the clients (--federation.sample_ratio)
+    ValueError: sample_ratio must be in (0, 1], got 0.0; give a fraction of the clients (--federation.sample_ratio, ...
     """
 
     def __init__(
@@ -72,25 +72,23 @@ class FederatedServer:
             require_integer(name, count)
         require_integer("seed", seed, least=0)
         require(rounds >= 1, f"rounds must be at least 1, got {rounds}")
-        require(
-            0 < sample_ratio <= 1,
-            f"sample_ratio must be in (0, 1], got {sample_ratio}; give a fraction of the clients "
-            "(--federation.sample_ratio)",
+        self.sample_ratio = require_number(
+            "sample_ratio",
+            sample_ratio,
+            "(0, 1]",
+            hint="give a fraction of the clients (--federation.sample_ratio, in Python Federation(sample_ratio=...))",
         )
         require(local_epochs >= 1, f"local_epochs must be at least 1, got {local_epochs}")
-        require(aggregation in ("weighted", "uniform"), f"aggregation must be weighted or uniform, got {aggregation}")
-        require(0 < lr_decay <= 1, f"lr_decay must be in (0, 1], got {lr_decay}")
+        require_one_of("aggregation", aggregation, ("weighted", "uniform"))
+        self.lr_decay = require_number("lr_decay", lr_decay, "(0, 1]")
         require(eval_every >= 1, f"eval_every must be at least 1, got {eval_every}")
-        require((client_state_mb or 0) >= 0, f"client_state_mb must be >= 0 (or None), got {client_state_mb}")
+        self.client_state_mb = require_number("client_state_mb", client_state_mb, ">= 0", optional=True)
         self.rounds = int(rounds)
-        self.sample_ratio = sample_ratio
         self.local_epochs = int(local_epochs)
         self.aggregation = aggregation
-        self.lr_decay = lr_decay
         self.eval_every = int(eval_every)
         self.seed = int(seed)
-        self.server_optimizer = server_optimizer or ServerSGD()
-        self.client_state_mb = client_state_mb
+        self.server_optimizer = server_optimizer_of(server_optimizer, 1.0, 0.0)
         #: The method's persistent server state (checkpointed).
         self.server_state: dict[str, Any] = {}
         #: Each client's persistent method state (checkpointed).
@@ -240,6 +238,8 @@ def server_optimizer_of(optimizer: ServerOptimizer | str | None, lr: float, mome
     >>> type(server_optimizer_of("fedadam", 1.0, 0.0)).__name__
     'FedAdam'
     """
+    lr = require_number("server_lr", lr, "> 0")
+    momentum = require_number("server_momentum", momentum, "[0, 1)")
     if isinstance(optimizer, str):
         optimizer = server_optimizer_class(optimizer)()
     if optimizer is not None and not isinstance(optimizer, ServerOptimizer):

@@ -21,13 +21,13 @@ callback checkpoints it through :meth:`ServerOptimizer.state_dict` and restores 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection, Mapping
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from fl_lightning.core.messages import require_number
 from fl_lightning.core.registry import Registry, named_subclass
 
 StateDict = Mapping[str, Tensor]
@@ -45,19 +45,13 @@ __all__ = [
 
 
 def _check_positive(owner: str, name: str, value: float) -> float:
-    """``value`` as a float if it is finite and > 0, else a ValueError naming ``owner`` and ``name``."""
-    value = float(value)
-    if not (value > 0 and math.isfinite(value)):
-        raise ValueError(f"{owner}: {name} must be a finite number > 0, got {value}")
-    return value
+    """``value`` as a float if it is a finite number > 0, else a ValueError naming ``owner`` and ``name``."""
+    return require_number(f"{owner}: {name}", value, "> 0")
 
 
 def _check_unit(owner: str, name: str, value: float) -> float:
-    """``value`` as a float if it is in [0, 1), else a ValueError naming ``owner`` and ``name``."""
-    value = float(value)
-    if not 0 <= value < 1:
-        raise ValueError(f"{owner}: {name} must be in [0, 1), got {value}")
-    return value
+    """``value`` as a float if it is a number in [0, 1), else a ValueError naming ``owner`` and ``name``."""
+    return require_number(f"{owner}: {name}", value, "[0, 1)")
 
 
 class ServerOptimizer:
