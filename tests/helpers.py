@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import csv
 import json
@@ -17,6 +18,9 @@ from fl_lightning import FedAvg, FederatedDataModule, Federation
 from fl_lightning.core.sources import DataSource
 
 ROOT = Path(__file__).resolve().parent.parent
+
+#: A named tuple a method keeps in its state: importable (module level), so a checkpoint or a Flower node can name it.
+Pair = collections.namedtuple("Pair", "tensor count")
 
 
 def quickstart_fit_args(run_dir: Path, *extra: str, rounds: int = 3, plots: bool = False) -> list[str]:
@@ -59,6 +63,7 @@ def tiny_run(
     fed_kwargs: dict[str, Any] | None = None,
     precision: str = "32-true",
     plots: bool = False,
+    weights_only: bool | None = None,
 ) -> tuple[L.Trainer, Federation, FedAvg]:
     """A few rounds of a small federation on digits, as a user importing the package would write it.
 
@@ -81,7 +86,7 @@ def tiny_run(
     trainer = bare_trainer(
         tmp_path, fed, checkpoint, *(callbacks or []), max_epochs=rounds, enable_checkpointing=True, precision=precision
     )
-    trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
+    trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path, weights_only=weights_only)
     return trainer, fed, model
 
 

@@ -332,3 +332,30 @@ def test_a_completed_run_is_refused_before_the_simulation_starts(tmp_path: Path,
         f"{run_dir} already holds a completed run; give this run another run directory (the run config's run-dir), "
         "or move that one away first"
     ), line
+
+
+def test_a_client_state_crosses_a_node_context_with_its_containers_types() -> None:
+    """A node keeps its client's state in ``Context.state`` between rounds (packed): its containers come back whole."""
+    import collections
+
+    import torch
+    from flwr.app import RecordDict
+    from helpers import Pair
+
+    from fl_lightning.flower.messages import get_tree, put_tree
+
+    state = {
+        "visits": collections.defaultdict(int, {0: 2, 3: 1}),  # int keys, which JSON (the packed shape) has not
+        "pair": Pair(torch.arange(3.0), collections.Counter("aab")),
+        "by_key": {(1, "a"): torch.ones(1), "plain": [None, 0.5, "x"]},
+        "tags": frozenset({"x"}),
+        "seen": {3, (1, 2)},
+    }
+    context_state = RecordDict()
+    put_tree(context_state, "fl_lightning.client_state", state)
+    back = get_tree(context_state, "fl_lightning.client_state")
+    assert type(back["visits"]) is collections.defaultdict and back["visits"] == {0: 2, 3: 1} and back["visits"][9] == 0
+    assert type(back["pair"]) is Pair and torch.equal(back["pair"].tensor, torch.arange(3.0))
+    assert type(back["pair"].count) is collections.Counter and back["pair"].count == {"a": 2, "b": 1}
+    assert torch.equal(back["by_key"][(1, "a")], torch.ones(1)) and back["by_key"]["plain"] == [None, 0.5, "x"]
+    assert back["tags"] == frozenset({"x"}) and back["seen"] == {3, (1, 2)}

@@ -3,17 +3,29 @@
 from __future__ import annotations
 
 import collections
+import io
+import pickle
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
-from helpers import read_summary, tiny_run
+from helpers import Pair, read_metrics, read_summary, tiny_run
 
 from fl_lightning import FedAvg
 from fl_lightning.core.context import ClientContext, ServerContext
-from fl_lightning.core.state import ClientStateStore, unpicklable, unstorable_state
+from fl_lightning.core.state import (
+    STATE_TYPE_KEY,
+    ClientStateStore,
+    plain_state,
+    restore_state,
+    unpicklable,
+    unstorable_state,
+    weights_only_refuses,
+)
 
 
 class Probe(FedAvg):
@@ -212,3 +224,102 @@ def test_unpicklable_finds_the_value_pickle_refuses() -> None:
     assert unpicklable({"ok": state["ok"], "counts": collections.Counter("abc")}) is None
     assert unpicklable([collections.defaultdict(lambda: 0.5)])[0] == (0,)  # its factory: the dict itself
     assert unstorable_state("server.state", {"c": torch.zeros(3)}) is None
+
+
+class TypedState(FedAvg):
+    """Keeps a defaultdict, a Counter, an OrderedDict, a named tuple and a frozenset in its server and client states."""
+
+    method_name = "typed_state"
+    seen: list[tuple[str, ...]] = []
+
+    def on_round_start(self, server: ServerContext) -> dict[str, Any]:
+        state = server.state
+        if not state:
+            state.update(
+                by_round=collections.defaultdict(list),
+                votes=collections.Counter(),
+                order=collections.OrderedDict(b=torch.zeros(1), a=torch.ones(1)),
+                pair=Pair(torch.zeros(2), 0),
+                tags=frozenset({"x"}),
+            )
+        self.seen.append(tuple(type(v).__name__ for v in state.values()))
+        state["by_round"][server.round].append(len(server.clients))  # a missing key: the factory must still be there
+        state["votes"][server.round % 2] += 1
+        state["pair"] = Pair(state["pair"].tensor + 1, state["pair"].count + 1)
+        return {}
+
+    def on_client_start(self, client: ClientContext) -> None:
+        visits = client.state.setdefault("visits", collections.defaultdict(int))
+        self.seen.append(
+            (type(visits).__name__, type(client.state.setdefault("pair", Pair(torch.ones(1), 0))).__name__)
+        )
+        visits[client.round] += 1
+
+
+@pytest.mark.parametrize("engine", ["sequential", "batched"])
+def test_state_containers_keep_their_types_between_rounds_and_through_a_resume(tmp_path, engine) -> None:
+    TypedState.seen = []
+    kwargs: dict[str, Any] = {"data_kwargs": {"num_clients": 2}, "fed_kwargs": {"engine": engine}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # none of these types needs weights_only=False
+        tiny_run(tmp_path, TypedState, rounds=2, **kwargs)
+    types = ("defaultdict", "Counter", "OrderedDict", "Pair", "frozenset")
+    assert TypedState.seen[3:] == [types, ("defaultdict", "Pair"), ("defaultdict", "Pair")]
+    TypedState.seen = []
+    _, fed, _ = tiny_run(tmp_path, TypedState, rounds=3, ckpt_path=str(tmp_path / "checkpoints/last.ckpt"), **kwargs)
+    assert TypedState.seen == [types, ("defaultdict", "Pair"), ("defaultdict", "Pair")]  # Lightning's default load
+    state = fed.server_state
+    assert dict(state["by_round"]) == {0: [2], 1: [2], 2: [2]} and state["votes"] == {0: 2, 1: 1}
+    assert state["pair"].count == 3 and torch.equal(state["pair"].tensor, torch.full((2,), 3.0))
+    assert list(state["order"]) == ["b", "a"] and state["tags"] == frozenset({"x"})
+    assert dict(fed.client_states.get(1)["visits"]) == {0: 1, 1: 1, 2: 1}
+
+
+def test_plain_state_loads_with_weights_only_and_comes_back_with_its_types() -> None:
+    state = {
+        "dd": collections.defaultdict(list, {3: [torch.ones(2)], (1, 2): []}),
+        "nested": [Pair(torch.zeros(1), collections.Counter("aab")), (frozenset({1}), None)],
+        "od": collections.OrderedDict(z=1, a=torch.tensor(2)),
+        "empty": collections.defaultdict(None),
+    }
+    buffer = io.BytesIO()
+    torch.save(plain_state(state), buffer)
+    buffer.seek(0)
+    back = restore_state(torch.load(buffer, weights_only=True))
+    assert type(back["dd"]) is collections.defaultdict and back["dd"].default_factory is list
+    assert back["dd"][(1, 2)] == [] and torch.equal(back["dd"][3][0], torch.ones(2)) and back["dd"]["new"] == []
+    pair, (tags, none) = back["nested"]
+    assert type(pair) is Pair and pair.count == collections.Counter("aab") and type(pair.count) is collections.Counter
+    assert tags == frozenset({1}) and none is None and type(back["nested"][1]) is tuple
+    assert type(back["od"]) is collections.OrderedDict and list(back["od"]) == ["z", "a"]
+    assert back["empty"].default_factory is None
+    assert weights_only_refuses(plain_state(state)) is None
+
+
+def test_a_named_tuple_a_checkpoint_cannot_name_is_left_to_pickle_and_a_moved_class_is_named_on_load() -> None:
+    Local = collections.namedtuple("Local", "a")  # a local class: pickle's own refusal names it (unstorable_state)
+    assert plain_state({"x": Local(1)})["x"] == Local(1)
+    assert plain_state([collections.defaultdict(lambda: 0)])[0].default_factory() == 0
+    moved = {"p": {STATE_TYPE_KEY: "namedtuple", "class": "nowhere.Pair", "fields": [1, 2]}}
+    with pytest.raises(ValueError, match=r"^the checkpoint's state holds a named tuple's class 'nowhere.Pair', which"):
+        restore_state(moved)
+
+
+def test_a_state_only_weights_only_false_can_load_is_named_once_with_the_flag_to_resume(tmp_path) -> None:
+    class KeepsArray(FedAvg):
+        def on_client_start(self, client: ClientContext) -> None:
+            client.state["history"] = [np.zeros(2)]
+
+    with pytest.warns(UserWarning) as record:
+        tiny_run(tmp_path, KeepsArray, rounds=2, data_kwargs={"num_clients": 2})
+    lines = [str(w.message) for w in record if "weights_only" in str(w.message)]
+    assert lines == [
+        "client 0's state['history'][0] holds a numpy.ndarray, which Lightning's default checkpoint load "
+        "(weights_only=True) refuses: resume with --weights_only false (trainer.fit(..., weights_only=False)), or "
+        "keep only tensors, numbers, strings and containers of them in the state"
+    ]
+    last = str(tmp_path / "checkpoints/last.ckpt")
+    with pytest.raises(pickle.UnpicklingError):  # what the warning foretold
+        tiny_run(tmp_path, KeepsArray, rounds=3, data_kwargs={"num_clients": 2}, ckpt_path=last)
+    tiny_run(tmp_path, KeepsArray, rounds=3, data_kwargs={"num_clients": 2}, ckpt_path=last, weights_only=False)
+    assert [row["round"] for row in read_metrics(tmp_path)] == ["1", "2", "3"]

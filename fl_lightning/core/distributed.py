@@ -6,6 +6,7 @@ Every function is a no-op (or the identity) in a single process, so the callback
 from __future__ import annotations
 
 import atexit
+import copy
 import heapq
 from collections.abc import Sequence
 from datetime import timedelta
@@ -135,15 +136,25 @@ def agreed_min(value: int | None) -> int | None:
 def to_device(tree: Any, device: torch.device | str) -> Any:
     """``tree`` (dicts, lists, tuples and named tuples of tensors) with every tensor moved to ``device``.
 
-    >>> from collections import namedtuple
+    Containers keep their type: a ``defaultdict`` keeps its factory, an ``OrderedDict`` its order, a named tuple its
+    class, so that a method's state works the same after the move.
+
+    >>> from collections import defaultdict, namedtuple
     >>> Pair = namedtuple("Pair", "a b")
     >>> to_device({"p": Pair(torch.zeros(1), [torch.ones(1)])}, "cpu")
     {'p': Pair(a=tensor([0.]), b=[tensor([1.])])}
+    >>> to_device(defaultdict(list, {"a": [torch.zeros(1)]}), "cpu")["new"]
+    []
     """
     if isinstance(tree, Tensor):
         return tree.to(device)
-    if isinstance(tree, dict):
+    if type(tree) is dict:
         return {k: to_device(v, device) for k, v in tree.items()}
+    if isinstance(tree, dict):  # a subclass: a shallow copy keeps its type and what it holds besides items
+        moved = copy.copy(tree)
+        for k, v in tree.items():
+            moved[k] = to_device(v, device)
+        return moved
     if isinstance(tree, tuple) and hasattr(tree, "_fields"):  # a named tuple takes its fields as arguments
         return type(tree)(*(to_device(v, device) for v in tree))
     if isinstance(tree, (list, tuple)):

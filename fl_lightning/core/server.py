@@ -9,6 +9,7 @@ Lightning's hooks. :func:`upgrade_state` reads the callback's checkpoint state a
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from fl_lightning.core.messages import require, require_integer, require_number,
 from fl_lightning.core.rounds import RoundPlan, RoundState, plan_round
 from fl_lightning.core.rundir import RunDirError, checkpoint_diff
 from fl_lightning.core.server_optim import ServerOptimizer, ServerSGD, server_optimizer_class
-from fl_lightning.core.state import ClientStateStore
+from fl_lightning.core.state import ClientStateStore, plain_state, restore_state, weights_only_refuses
 
 #: A method's server update: the new global weights from the server context, the clients' average and uploads.
 MethodUpdate = Callable[[ServerContext, dict[str, Tensor], dict[str, Tensor]], dict[str, Tensor]]
@@ -93,6 +94,7 @@ class FederatedServer:
         self.server_state: dict[str, Any] = {}
         #: Each client's persistent method state (checkpointed).
         self.client_states = ClientStateStore()
+        self._warned_weights_only = False
 
     # ---- planning -----------------------------------------------------------------------------------------------
 
@@ -150,13 +152,36 @@ class FederatedServer:
 
     def server_state_dict(self) -> dict[str, Any]:
         """The server's state for a checkpoint (tensors on the CPU), with the settings it was made with."""
+        # plain_state: a defaultdict or named tuple in a state loads with Lightning's weights_only default
+        server_state = plain_state(to_device(self.server_state, "cpu"))
+        client_state = {client: plain_state(state) for client, state in self.client_states.items()}
+        if not self._warned_weights_only:
+            self._warn_weights_only(server_state, client_state)
         return {
-            "server_state": to_device(self.server_state, "cpu"),
-            "client_state": self.client_states.state_dict(),
+            "server_state": server_state,
+            "client_state": client_state,
             "server_optimizer": self.server_optimizer.state_dict(),
             "seed": self.seed,
             "settings": self.settings(),
         }
+
+    def _warn_weights_only(self, server_state: Any, client_state: Mapping[int, Any]) -> None:
+        """Warn, once a run, that a state holds a value only ``weights_only=False`` loads (the resume must say so)."""
+        owned = [("server.state", server_state), *((f"client {c}'s state", s) for c, s in client_state.items())]
+        for owner, state in owned:
+            found = weights_only_refuses(state)
+            if found is not None:
+                path, value = found
+                keys = "".join(f"[{key!r}]" for key in path)
+                kind = f"{type(value).__module__}.{type(value).__qualname__}".removeprefix("builtins.")
+                warnings.warn(
+                    f"{owner}{keys} holds a {kind}, which Lightning's default checkpoint load (weights_only=True) "
+                    "refuses: resume with --weights_only false (trainer.fit(..., weights_only=False)), or keep only "
+                    "tensors, numbers, strings and containers of them in the state",
+                    stacklevel=2,
+                )
+                self._warned_weights_only = True
+                return
 
     def settings(self) -> dict[str, Any]:
         """The settings that decide what the rounds train, by their ``federation.<key>`` names.
@@ -221,8 +246,8 @@ class FederatedServer:
 
     def load_server_state(self, state: Mapping[str, Any]) -> None:
         """Restore the state :meth:`server_state_dict` saved (in the current form: see :func:`upgrade_state`)."""
-        self.server_state = dict(state.get("server_state") or {})
-        self.client_states.load_state_dict(state.get("client_state") or {})
+        self.server_state = dict(restore_state(state.get("server_state") or {}))
+        self.client_states.load_state_dict({c: restore_state(s) for c, s in (state.get("client_state") or {}).items()})
         if "server_optimizer" in state:
             self.server_optimizer.load_state_dict(state["server_optimizer"])
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import pickle
+from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,10 @@ from torch import Tensor
 
 from fl_lightning.core.distributed import to_device
 from fl_lightning.core.files import atomic_path
+from fl_lightning.core.registry import import_path
+
+#: The key of a plain dict that stands for a container ``torch.load(weights_only=True)`` refuses (:func:`plain_state`).
+STATE_TYPE_KEY = "__fl_lightning_state_type__"
 
 
 def state_nbytes(tree: Any) -> int:
@@ -83,6 +89,120 @@ def unstorable_state(owner: str, state: Any) -> TypeError | None:
         f"store: keep only tensors, numbers, strings and plain dicts, lists or tuples of them in {where} (rebuild a "
         f"function, generator or open file in {hook})"
     )
+
+
+def plain_state(tree: Any) -> Any:
+    """``tree`` with each container that ``torch.load(weights_only=True)`` refuses written as a tagged plain dict.
+
+    A ``defaultdict`` (with an importable factory, such as ``int`` or ``list``), a ``Counter``, a named tuple (of an
+    importable class) and a ``frozenset`` are refused by Lightning's default checkpoint load; in this form a
+    checkpoint holding them loads, and :func:`restore_state` gives them back with their types. Anything else is kept
+    as it is (a ``defaultdict`` of a lambda still fails to save, and :func:`unstorable_state` names it).
+
+    >>> plain_state(defaultdict(int, {"seen": 2}))
+    {'__fl_lightning_state_type__': 'defaultdict', 'factory': 'builtins.int', 'items': [['seen', 2]]}
+    """
+    if isinstance(tree, Tensor):
+        return tree
+    if isinstance(tree, defaultdict):
+        factory = tree.default_factory
+        name = None if factory is None else _import_name(factory)
+        items = [[key, plain_state(value)] for key, value in tree.items()]
+        if factory is None or name is not None:
+            return {STATE_TYPE_KEY: "defaultdict", "factory": name, "items": items}
+        return tree
+    if type(tree) is Counter:
+        return {STATE_TYPE_KEY: "Counter", "items": [[key, plain_state(value)] for key, value in tree.items()]}
+    if isinstance(tree, dict):
+        out = copy.copy(tree)  # an OrderedDict stays one
+        for key, value in tree.items():
+            out[key] = plain_state(value)
+        return out
+    if isinstance(tree, tuple) and hasattr(tree, "_fields"):
+        name = _import_name(type(tree))
+        if name is None:
+            return tree
+        return {STATE_TYPE_KEY: "namedtuple", "class": name, "fields": [plain_state(v) for v in tree]}
+    if isinstance(tree, list | tuple):
+        return type(tree)(plain_state(v) for v in tree)
+    if isinstance(tree, frozenset):
+        return {STATE_TYPE_KEY: "frozenset", "items": list(tree)}
+    return tree
+
+
+def restore_state(tree: Any) -> Any:
+    """The state :func:`plain_state` wrote, with its containers' own types given back.
+
+    >>> state = restore_state(plain_state({"seen": defaultdict(int, {"a": 2})}))
+    >>> state["seen"]["b"], type(state["seen"]).__name__
+    (0, 'defaultdict')
+
+    Raises:
+        ValueError: a named tuple's class or a ``defaultdict``'s factory no longer imports (renamed or moved).
+    """
+    if isinstance(tree, dict):
+        kind = tree.get(STATE_TYPE_KEY)
+        if kind == "defaultdict":
+            factory = None if tree["factory"] is None else _imported(tree["factory"], "a defaultdict's factory")
+            return defaultdict(factory, {key: restore_state(value) for key, value in tree["items"]})
+        if kind == "namedtuple":
+            return _imported(tree["class"], "a named tuple's class")(*(restore_state(v) for v in tree["fields"]))
+        if kind == "Counter":
+            return Counter({key: restore_state(value) for key, value in tree["items"]})
+        if kind == "frozenset":
+            return frozenset(tree["items"])
+        out = copy.copy(tree)
+        for key, value in tree.items():
+            out[key] = restore_state(value)
+        return out
+    if isinstance(tree, list | tuple) and not hasattr(tree, "_fields"):
+        return type(tree)(restore_state(v) for v in tree)
+    return tree
+
+
+#: Leaves ``torch.load(weights_only=True)`` (Lightning's default when it resumes) accepts, besides tensors.
+_WEIGHTS_ONLY_LEAVES = frozenset(
+    {type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size}
+)
+
+
+def weights_only_refuses(tree: Any, path: tuple[Any, ...] = ()) -> tuple[tuple[Any, ...], Any] | None:
+    """The first value in a :func:`plain_state` tree that ``torch.load(weights_only=True)`` refuses, with its keys.
+
+    >>> import numpy as np
+    >>> where, value = weights_only_refuses(plain_state({"seen": defaultdict(int), "log": [np.zeros(2)]}))
+    >>> where, type(value).__name__
+    (('log', 0), 'ndarray')
+    """
+    if isinstance(tree, Tensor) or type(tree) in _WEIGHTS_ONLY_LEAVES:
+        return None
+    if type(tree) in (dict, OrderedDict):
+        children: list[tuple[Any, Any]] = list(tree.items())
+    elif type(tree) in (list, tuple, set):
+        children = list(enumerate(tree))
+    else:
+        return path, tree
+    for key, value in children:
+        found = weights_only_refuses(value, (*path, key))
+        if found is not None:
+            return found
+    return None
+
+
+def _import_name(obj: Any) -> str | None:
+    """The dotted path that imports ``obj`` back (None for a lambda, a local class or anything not importable)."""
+    name = f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', '')}"
+    return name if "<" not in name and import_path(name) is obj else None
+
+
+def _imported(name: str, what: str) -> Any:
+    found = import_path(name)
+    if found is None:
+        raise ValueError(
+            f"the checkpoint's state holds {what} {name!r}, which does not import here: resume where it imports "
+            "(the code that saved it)"
+        )
+    return found
 
 
 class ClientStateStore:

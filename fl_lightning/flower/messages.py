@@ -5,9 +5,10 @@ A round's instruction to a client holds the global weights (an ``ArrayRecord``),
 weights, the method's upload (what its ``on_client_end`` returned) and the client's mean training loss. A payload, an
 upload or a client's persistent state is any nest of dicts, lists and tuples whose leaves are tensors or plain values
 (``None``, numbers, strings): :func:`pack` puts its tensors in an ``ArrayRecord`` and its shape, with the plain
-values, in a ``ConfigRecord``; :func:`unpack` rebuilds it. Tensors travel as NumPy arrays of the same dtype, so the
-values arrive bit for bit; a dtype NumPy has no type for (``bfloat16``: a network or state kept in bf16) travels as
-float32, which holds its values exactly, and is cast back on arrival.
+values, in a ``ConfigRecord``; :func:`unpack` rebuilds it with the same containers (a ``defaultdict``, a named
+tuple, a dict with int or tuple keys; an ``OrderedDict`` arrives as a dict, in its order). Tensors travel as NumPy
+arrays of the same dtype, so the values arrive bit for bit; a dtype NumPy has no type for (``bfloat16``: a network or
+state kept in bf16) travels as float32, which holds its values exactly, and is cast back on arrival.
 
 >>> import torch
 >>> tree = {"c": {"w": torch.tensor([1.5, 2.0])}, "n": 3, "tag": None, "pair": (torch.tensor(1), 0.5)}
@@ -25,6 +26,8 @@ from typing import Any
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from torch import Tensor
+
+from fl_lightning.core.state import plain_state, restore_state
 
 #: The ``ConfigRecord`` key holding a packed tree's shape.
 SHAPE_KEY = "shape"
@@ -65,16 +68,18 @@ def pack(tree: Any) -> tuple[ArrayRecord, ConfigRecord]:
             tensors[key] = node
             return {"t": key}
         if isinstance(node, Mapping):
-            if not all(isinstance(k, str) for k in node):
-                raise TypeError("only dicts with string keys can be sent to or from a Flower client")
-            return {"d": {k: walk(v) for k, v in node.items()}}
+            if all(isinstance(k, str) for k in node):
+                return {"d": {k: walk(v) for k, v in node.items()}}
+            return {"m": [[walk(k), walk(v)] for k, v in node.items()]}  # int or tuple keys (JSON's are strings)
         if isinstance(node, list | tuple):
             return {"l" if isinstance(node, list) else "u": [walk(v) for v in node]}
+        if type(node) is set:
+            return {"s": [walk(v) for v in node]}
         if node is None or isinstance(node, bool | int | float | str):
             return {"v": node}
         raise TypeError(f"a {type(node).__name__} cannot be sent to or from a Flower client (tensors and plain values)")
 
-    shape = walk(tree)
+    shape = walk(plain_state(tree))
     sendable, dtypes = _sendable(tensors)
     config = ConfigRecord({SHAPE_KEY: json.dumps(shape)})
     if dtypes:
@@ -94,13 +99,17 @@ def unpack(arrays: ArrayRecord, shape: ConfigRecord) -> Any:
             return tensors[value]
         if kind == "d":
             return {k: build(v) for k, v in value.items()}
+        if kind == "m":
+            return {build(k): build(v) for k, v in value}
         if kind == "l":
             return [build(v) for v in value]
         if kind == "u":
             return tuple(build(v) for v in value)
+        if kind == "s":
+            return {build(v) for v in value}
         return value
 
-    return build(json.loads(str(shape[SHAPE_KEY])))
+    return restore_state(build(json.loads(str(shape[SHAPE_KEY]))))
 
 
 def put_tree(content: RecordDict, name: str, tree: Any) -> None:
