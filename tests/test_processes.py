@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -90,3 +91,46 @@ def test_two_gpus_match_one_gpu(tmp_path: pytest.TempPathFactory) -> None:
         one, two = _rows(tmp_path / "one" / method), _rows(tmp_path / "two" / method)
         for a, b in zip(one, two, strict=True):
             assert float(b["global_acc"]) == pytest.approx(float(a["global_acc"]), abs=1e-3)
+
+
+_UNSENDABLE = """
+import sys
+import lightning as L
+from fl_lightning import FedAvg, FederatedDataModule, Federation
+
+class KeepsAFunction(FedAvg):
+    def on_client_start(self, client):
+        if self.trainer.global_rank == 1:  # one process's clients only: the other must not wait for it
+            client.state["fn"] = lambda: 0
+
+trainer = L.Trainer(
+    accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, callbacks=[Federation(rounds=2, plots=False)],
+    logger=False, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+    default_root_dir=sys.argv[1],
+)
+try:
+    trainer.fit(KeepsAFunction(net="lenet", lr=0.05), datamodule=FederatedDataModule("digits", num_clients=4))
+except TypeError as err:
+    print(f"rank {trainer.global_rank}: {err}", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_client_state_processes_cannot_send_is_named_in_one_line_on_every_process(tmp_path: Path) -> None:
+    # Before: the process holding it raised pickle's "Can't pickle local object", the other gloo's "Connection closed
+    # by peer".
+    script = tmp_path / "unsendable.py"
+    script.write_text(_UNSENDABLE)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    proc = subprocess.run(
+        [*launcher, str(script), str(tmp_path / "run")], env=env, capture_output=True, text=True, timeout=300
+    )
+    lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("rank "))
+    assert len(lines) == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    for rank, line in enumerate(lines):
+        assert re.fullmatch(
+            rf"rank {rank}: client \d+'s state\['fn'\] holds a function \(KeepsAFunction.on_client_start.<locals>."
+            r"<lambda>\), which processes cannot send each other: keep only tensors, .* in on_client_start\)",
+            line,
+        ), line

@@ -22,6 +22,7 @@ step and evaluation do not depend on it.
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -33,7 +34,9 @@ from torch import Tensor
 from fl_lightning.core.aggregation import StateAccumulator, UploadAccumulator
 from fl_lightning.core.distributed import all_gather_object, assign_clients, is_distributed, to_device
 from fl_lightning.core.evaluation import Evaluation
+from fl_lightning.core.messages import first_line
 from fl_lightning.core.metrics import forgetting_degree
+from fl_lightning.core.state import unstorable_state
 
 
 @dataclass(frozen=True)
@@ -295,9 +298,7 @@ class RoundState:
             raise RuntimeError(f"round {self.plan.round + 1} ended after {self.done} of its {len(self.slots)} clients")
         self._states.all_reduce()
         self._uploads.all_reduce()
-        # On the CPU before pickling: a CUDA tensor would be unpickled onto its own GPU in every other process.
-        states = to_device(self.client_states, "cpu") if is_distributed() else self.client_states
-        gathered = all_gather_object((states, self.losses, self.local_evals))
+        gathered = self._gathered() if is_distributed() else [(self.client_states, self.losses, self.local_evals)]
         if len(gathered) > 1:
             for states, losses, evals in gathered:
                 for client, state in states.items():
@@ -306,6 +307,28 @@ class RoundState:
                 self.losses.update(losses)
                 self.local_evals.update(evals)
         return self._states.result(dtypes), self._uploads.result()
+
+    def _gathered(self) -> list[tuple[dict[int, Any], dict[int, float], dict[int, Any]]]:
+        """Every process's client states, losses and local evaluations, in rank order.
+
+        Each process pickles its own part first, so that a state no process can receive (a function in it) ends every
+        process's fit with one line naming it, rather than leaving the others waiting in the collective.
+        """
+        # On the CPU before pickling: a CUDA tensor would be unpickled onto its own GPU in every other process.
+        mine = (to_device(self.client_states, "cpu"), self.losses, self.local_evals)
+        try:
+            blob, problem = pickle.dumps(mine), None
+        except (TypeError, AttributeError, pickle.PicklingError) as err:
+            found = (
+                unstorable_state(f"client {c}'s state", s, "processes cannot send each other")
+                for c, s in mine[0].items()
+            )
+            blob, problem = None, str(next((e for e in found if e is not None), None) or first_line(err))
+        parts = all_gather_object((blob, problem))
+        problems = [problem for _, problem in parts if problem is not None]
+        if problems:
+            raise TypeError(problems[0])
+        return [pickle.loads(blob) for blob, _ in parts]
 
     def measurements(self, result: Evaluation, seconds: float) -> dict[str, float]:
         """The round's ``metrics.csv`` measurements, with the global model's evaluation ``result``."""

@@ -67,10 +67,11 @@ def _children(tree: Any) -> list[tuple[Any, Any]]:
     return []
 
 
-def unstorable_state(owner: str, state: Any) -> TypeError | None:
+def unstorable_state(owner: str, state: Any, refuser: str = "a checkpoint cannot store") -> TypeError | None:
     """The one-line error for the first value in ``state`` that a checkpoint cannot store; None when there is none.
 
-    ``owner`` names the state: ``client 3's state`` (a ``client.state``) or ``server.state``.
+    ``owner`` names the state: ``client 3's state`` (a ``client.state``) or ``server.state``; ``refuser`` says what
+    needed to pickle it (the processes of a several-process fit send each other their clients' states).
 
     >>> print(unstorable_state("client 3's state", {"c": torch.zeros(1), "log": (i for i in [])}))  # doctest: +ELLIPSIS
     client 3's state['log'] holds a generator (<genexpr>), which a checkpoint cannot store: keep only tensors, ...
@@ -85,9 +86,9 @@ def unstorable_state(owner: str, state: Any) -> TypeError | None:
     name = getattr(value, "__qualname__", None)  # a function's, a generator's or a class's own name
     where, hook = ("server.state", "on_round_start") if owner == "server.state" else ("client.state", "on_client_start")
     return TypeError(
-        f"{owner}{keys} holds a {kind}{f' ({name})' if isinstance(name, str) else ''}, which a checkpoint cannot "
-        f"store: keep only tensors, numbers, strings and plain dicts, lists or tuples of them in {where} (rebuild a "
-        f"function, generator or open file in {hook})"
+        f"{owner}{keys} holds a {kind}{f' ({name})' if isinstance(name, str) else ''}, which {refuser}: keep only "
+        f"tensors, numbers, strings and plain dicts, lists or tuples of them in {where} (rebuild a function, generator "
+        f"or open file in {hook})"
     )
 
 
