@@ -31,7 +31,7 @@ from fl_lightning.core.batches import ClientBatches, ClientGroup
 from fl_lightning.core.context import ClientContext
 from fl_lightning.core.evaluation import Evaluation
 from fl_lightning.core.gpu_memory import PeakMemory, StackedMemory
-from fl_lightning.core.messages import first_line
+from fl_lightning.core.messages import first_line, option, options
 from fl_lightning.core.stacked_sgd import SGDSettings
 from fl_lightning.core.stacking import (
     ClientRNG,
@@ -67,7 +67,8 @@ class StateChangedInStep(RuntimeError):
         super().__init__(
             why + "restored as before the step"
             if self.restorable
-            else why + "changed in place, which cannot be undone: train with --federation.engine sequential"
+            else why
+            + f"changed in place, which cannot be undone: train with {option('federation.engine', 'sequential')}"
         )
 
 
@@ -148,7 +149,8 @@ class BatchedClients(ClientExecutor):
             except torch.OutOfMemoryError as err:  # not the method's fault: fewer clients at once would fit
                 raise torch.OutOfMemoryError(
                     f"the batched engine's step of {len(positions)} stacked clients ran out of GPU memory; lower "
-                    f"--federation.group_size or --federation.memory_budget_gb ({first_line(err)})"
+                    + options("federation.group_size", "federation.memory_budget_gb", joint=" or ")
+                    + f" ({first_line(err)})"
                 ) from err
             except Exception as err:  # noqa: BLE001 - a loss or network vmap cannot run: say so, train sequentially
                 if rnd.done != done:  # clients of this group already reached the round: nothing to redo

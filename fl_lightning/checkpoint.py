@@ -18,6 +18,7 @@ from typing_extensions import override
 
 from fl_lightning.core import faults
 from fl_lightning.core.files import is_disk_full, seal_checkpoint, temporary_name, write_bytes_atomic
+from fl_lightning.core.messages import option
 from fl_lightning.core.rundir import check_checkpoint_file
 from fl_lightning.core.state import unpicklable, unstorable_state
 
@@ -133,13 +134,15 @@ def disk_full(err: OSError, target: str | os.PathLike[str]) -> OSError:
     >>> print(disk_full(OSError(errno.ENOSPC, "No space left on device"), "run/checkpoints/last.ckpt"))
     ... # doctest: +NORMALIZE_WHITESPACE
     [Errno 28] No space left on device (ENOSPC) writing the checkpoint run/checkpoints/last.ckpt: free space on that
-    disk and resume (--ckpt_path last), or give --trainer.default_root_dir a folder on another disk
+    disk and resume (--ckpt_path last, in Python trainer.fit(..., ckpt_path='last')), or give --trainer.default_root_dir
+    (in Python L.Trainer(default_root_dir=...)) a folder on another disk
     """
     code = err.errno if err.errno is not None else errno.ENOSPC
     return OSError(
         code,
         f"{os.strerror(code)} ({errno.errorcode.get(code, code)}) writing the checkpoint {target}: free space on that "
-        "disk and resume (--ckpt_path last), or give --trainer.default_root_dir a folder on another disk",
+        "disk and resume (--ckpt_path last, in Python trainer.fit(..., ckpt_path='last')), or give "
+        f"{option('trainer.default_root_dir')} a folder on another disk",
     )
 
 

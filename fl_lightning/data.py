@@ -29,7 +29,7 @@ from fl_lightning.core.context import ClientContext, ServerContext
 from fl_lightning.core.data_settings import DATASET_SHAPES, resolve_data_settings
 from fl_lightning.core.datasets import DEFAULT_ROOT, ImageData, load_dataset
 from fl_lightning.core.evaluation import Evaluation, evaluate
-from fl_lightning.core.messages import require, require_bool, require_integer, short
+from fl_lightning.core.messages import option, require, require_bool, require_integer, short
 from fl_lightning.core.partitions import ClassesPerClient, Partitioner
 from fl_lightning.core.rounds import RoundPlan, RoundPlanner
 from fl_lightning.core.sources import (
@@ -317,7 +317,8 @@ class FederatedDataModule(L.LightningDataModule):
                 where = self.root if self.root is not None else DEFAULT_ROOT
                 raise ValueError(
                     f"{self.dataset}: the files found under {where} hold {data.num_classes} classes, but "
-                    f"{self.dataset} has {self.num_classes}; point --data.root at the complete dataset"
+                    f"{self.dataset} has {self.num_classes}; point root at the complete dataset "
+                    f"({option('data.root', inside=True)})"
                 )
             self.data = data
             self._train_all, self._test = SplitData(data.train_y, x=data.train_x), SplitData(data.test_y, x=data.test_x)
@@ -355,7 +356,7 @@ class FederatedDataModule(L.LightningDataModule):
         if self.num_clients > len(self.train_y):
             raise ValueError(
                 f"more clients ({self.num_clients}) than training samples ({len(self.train_y)}); "
-                "lower num_clients (--data.num_clients)"
+                f"lower {option('data.num_clients')}"
             )
         partitioner = self.partitioner
         if self._client_ids is not None:
@@ -382,7 +383,7 @@ class FederatedDataModule(L.LightningDataModule):
                 f"({self.partition_label} over {self.num_clients} clients): the test set's samples of "
                 f"{'them' if len(unheld) > 1 else 'it'} are never trained on"
                 + (
-                    f"; raise --data.num_clients to at least {self.num_classes} to train every class"
+                    f"; raise {option('data.num_clients', self.num_classes)} or more to train every class"
                     if isinstance(self.partitioner, ClassesPerClient)
                     else ""
                 )

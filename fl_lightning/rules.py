@@ -34,7 +34,7 @@ from lightning.pytorch.callbacks import (
 from lightning.pytorch.trainer.states import TrainerFn
 
 from fl_lightning.checkpoint import AtomicLastCheckpoint
-from fl_lightning.core.messages import first_line
+from fl_lightning.core.messages import first_line, option
 from fl_lightning.core.models import in_mode
 from fl_lightning.data import FederatedDataModule
 from fl_lightning.lightning_internals import checkpoints_within_epochs, max_time_seconds
@@ -480,7 +480,7 @@ def check_pieces(
         datamodule: the data, set up for fit.
         holdout_needed: server holdout samples per class the method needs.
     """
-    name = getattr(module, "method_name", type(module).__name__)
+    name, owner = getattr(module, "method_name", type(module).__name__), type(module).__name__
     if trainer.world_size > 1 and not isinstance(module, FedAvg):
         raise TypeError(
             f"several processes need an fl_lightning method (FedAvg or a subclass); {type(module).__name__} "
@@ -489,8 +489,8 @@ def check_pieces(
     if datamodule.holdout_per_class < holdout_needed:
         raise ValueError(
             f"{name} needs {holdout_needed} server holdout samples per class; "
-            f"set --data.holdout_per_class {holdout_needed} (it is {datamodule.holdout_per_class})"
-            + (" or lower --model.aux_per_class" if hasattr(module, "aux_per_class") else "")
+            f"set {option('data.holdout_per_class', holdout_needed)} (it is {datamodule.holdout_per_class})"
+            + (f" or lower {option('model.aux_per_class', owner=owner)}" if hasattr(module, "aux_per_class") else "")
         )
     if getattr(module, "num_classes", datamodule.num_classes) != datamodule.num_classes:
         raise ValueError(
@@ -502,7 +502,8 @@ def check_pieces(
     if datamodule.drop_last and min(sizes) < datamodule.batch_size:
         raise ValueError(
             f"with drop_last, clients smaller than one batch never train (smallest client {min(sizes)} "
-            f"samples, batch size {datamodule.batch_size}); set --data.drop_last false or a smaller --data.batch_size"
+            f"samples, batch size {datamodule.batch_size}); set {option('data.drop_last', False)} or a smaller "
+            + option("data.batch_size")
         )
 
 
@@ -522,14 +523,15 @@ def check_network_output(module: FedAvg, sample: torch.Tensor, num_classes: int)
         except Exception as err:  # noqa: BLE001 - whatever the network raises, the fix is the same
             raise ValueError(
                 f"the network failed on two of the data's inputs of shape {tuple(sample.shape)} "
-                f"({first_line(err)[:160]}); give --model.net one that takes them (a built-in network adapts to "
-                "the data)"
+                f"({first_line(err)[:160]}); give {option('model.net', owner=type(module).__name__)} one that takes "
+                "them (a built-in network adapts to the data)"
             ) from None
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, num_classes):
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise ValueError(
-            f"the network returns {got} for 2 inputs, but the data has {num_classes} classes: give --model.net one "
-            f"that returns logits [batch, {num_classes}] (e.g. --model.net.init_args.num_classes {num_classes})"
+            f"the network returns {got} for 2 inputs, but the data has {num_classes} classes: give "
+            f"{option('model.net', owner=type(module).__name__)} one that returns logits [batch, {num_classes}] (e.g. "
+            f"--model.net.init_args.num_classes {num_classes}; in Python a network built for {num_classes} classes)"
         )
 
 

@@ -27,9 +27,12 @@ BASE = ["fit", "--config", QUICKSTART, "--data.num_clients", "3", "--federation.
     ("augment", "message"),
     [
         ((-1, False, 0), "crop_padding must be 0 (off) or a padding below digits's image side 8, got -1"),
-        ((8, False, 0), "set --data.crop_padding between 0 and 7"),
+        (
+            (8, False, 0),
+            "set it between 0 and 7 (--data.crop_padding, in Python FederatedDataModule(crop_padding=...))",
+        ),
         ((0, False, -1), "cutout must be 0 (off) or a square side below digits's image side 8, got -1"),
-        ((0, False, 100), "set --data.cutout between 0 and 7"),
+        ((0, False, 100), "set it between 0 and 7 (--data.cutout, in Python FederatedDataModule(cutout=...))"),
     ],
 )
 def test_augmentation_out_of_range(augment, message):
@@ -79,7 +82,10 @@ def test_data_root_that_is_a_file(tmp_path):
     # Before: with --data.download true, "error: FileExistsError: [Errno 17] File exists" and exit 1 (failed).
     root = tmp_path / "afile"
     root.write_text("")
-    with pytest.raises(ValueError, match="--data.root .*afile is a file; give the folder"):
+    with pytest.raises(
+        ValueError,
+        match=r"root .*afile is a file; give the folder .*\(--data.root, in Python FederatedDataModule\(root=...\)\)$",
+    ):
         load_dataset("cifar10", root=str(root), download=True)
 
 

@@ -316,7 +316,11 @@ def test_classes_no_client_holds_are_warned_of_and_every_class_held_is_not():
     few = FederatedDataModule.from_tensors(
         x, y, x, y, partition="classes_per_client", classes_per_client=1, num_clients=4
     )
-    with pytest.warns(UserWarning, match=r"no client holds classes 4, 5 .*at least 6 to train every class"):
+    with pytest.warns(
+        UserWarning,
+        match=r"no client holds classes 4, 5 .*raise --data.num_clients 6 "
+        r"\(in Python FederatedDataModule\(num_clients=6\)\) or more",
+    ):
         few.setup()
     assert few.client_class_counts.sum() == 40
     enough = FederatedDataModule.from_tensors(

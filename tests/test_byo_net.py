@@ -53,7 +53,11 @@ def test_module_net_is_used_as_given_and_recorded(tmp_path):
     [
         # Before: "IndexError: Target 7 is out of bounds" in round 1 (too few outputs), or a run trained to its end on
         # 12 outputs for 10 classes; a wrong input size failed deep in the first layer.
-        (TinyNet(num_classes=5), r"returns \(2, 5\) for 2 inputs, but the data has 10 classes: .*num_classes 10\)$"),
+        (
+            TinyNet(num_classes=5),
+            r"returns \(2, 5\) for 2 inputs, but the data has 10 classes: give --model.net "
+            r"\(in Python FedAvg\(net=...\)\) one .*num_classes 10; in Python a network built for 10 classes\)$",
+        ),
         (TinyNet(num_classes=12), r"returns \(2, 12\) for 2 inputs, but the data has 10 classes"),
         (nn.Sequential(nn.Flatten(), nn.Linear(60, 10)), r"failed on two of the data's inputs of shape \(1, 8, 8\)"),
     ],

@@ -126,7 +126,7 @@ def _digits(**kwargs: Any) -> FederatedDataModule:
         (
             {"alpha": "0.5"},
             "the Dirichlet concentration must be a positive number, got alpha='0.5'; give a finite alpha > 0 "
-            "(--data.alpha; e.g. 0.5, smaller is more skewed)",
+            "(--data.alpha, in Python FederatedDataModule(alpha=...); e.g. 0.5, smaller is more skewed)",
         ),
         # Before: accepted; a dataset that reads files failed at setup: "TypeError: expected str, bytes or
         # os.PathLike object, not int".
@@ -235,7 +235,7 @@ def test_methods(method, kwargs, message):
             Dirichlet,
             {"alpha": True},
             "the Dirichlet concentration must be a positive number, got alpha=True; give a finite alpha > 0 "
-            "(--data.alpha; e.g. 0.5, smaller is more skewed)",
+            "(--data.alpha, in Python FederatedDataModule(alpha=...); e.g. 0.5, smaller is more skewed)",
         ),
         (ServerSGD, {"lr": "0.5"}, "ServerSGD: lr must be a finite number > 0, got '0.5'"),
         (ServerSGD, {"momentum": False}, "ServerSGD: momentum must be a number in [0, 1), got False"),

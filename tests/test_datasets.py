@@ -134,7 +134,7 @@ def test_missing_mnist_names_searched_paths(tmp_path: Path) -> None:
         load_dataset("mnist", str(tmp_path))
     message = str(err.value)
     assert str(tmp_path) in message and str(tmp_path / "MNIST" / "raw") in message
-    assert "--data.download true" in message
+    assert "--data.download true (in Python FederatedDataModule(download=True))" in message
 
 
 FASHION_SYSTEM = Path("/usr/share/datasets/fashion-mnist")
@@ -370,7 +370,8 @@ def test_cinic10_with_too_few_classes_names_the_root(tmp_path: Path) -> None:
             shutil.rmtree(tmp_path / "cinic-10" / split / cls)
     with pytest.raises(
         ValueError,
-        match=rf"cinic10: the files found under {tmp_path} hold 3 classes, but cinic10 has 10; point --data.root",
+        match=rf"cinic10: the files found under {tmp_path} hold 3 classes, but cinic10 has 10; point root at the "
+        r"complete dataset \(--data.root, in Python FederatedDataModule\(root=...\)\)$",
     ):
         FederatedDataModule("cinic10", root=str(tmp_path), num_clients=2, partition="iid").setup()
 

@@ -395,7 +395,8 @@ def test_a_full_disk_names_the_checkpoint_not_its_temporary(tmp_path, monkeypatc
     target = run_dir / "checkpoints" / "last.ckpt"
     assert line == (
         f"error: OSError: [Errno 28] No space left on device (ENOSPC) writing the checkpoint {target}: free space on "
-        "that disk and resume (--ckpt_path last), or give --trainer.default_root_dir a folder on another disk"
+        "that disk and resume (--ckpt_path last, in Python trainer.fit(..., ckpt_path='last')), or give "
+        "--trainer.default_root_dir (in Python L.Trainer(default_root_dir=...)) a folder on another disk"
     )
     assert not temporaries(run_dir) and read_summary(run_dir)["rounds_done"] == 2
     assert verify_checkpoint(target)  # the first round's, whole
@@ -511,7 +512,7 @@ def test_a_second_fit_is_refused_while_the_first_runs(tmp_path, capsys):
         assert cli.run(fit_args(run_dir)) == 2  # the command line ...
         assert last_error_line(capsys) == (
             f"error: {run_dir} is in use by another fit (pid {first.pid}); wait for it to end or stop it, "
-            "or choose another --trainer.default_root_dir"
+            "or choose another --trainer.default_root_dir (in Python L.Trainer(default_root_dir=...))"
         )
         with pytest.raises(RunDirError, match="is in use by another fit"):
             tiny_run(run_dir, rounds=1)  # ... and the Python API

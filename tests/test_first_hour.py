@@ -339,7 +339,8 @@ def test_cifar10_not_found_reads_as_sentences(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.endswith(
         f"not found in {root / 'cifar-10-batches-py'} or {root}. "
-        f"Pass --data.download true to download it with torchvision into {root}."
+        f"Pass --data.download true (in Python FederatedDataModule(download=True)) to download it with torchvision "
+        f"into {root}."
     )
     assert err.startswith("error: CIFAR-10 python batches (data_batch_1, ")
 

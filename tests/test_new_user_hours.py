@@ -123,11 +123,13 @@ def test_a_methods_option_before_the_method_says_to_give_the_method_first(tmp_pa
         (
             ["--data.batch_size", "0"],
             "error: batch sizes must be positive, got batch_size=0 and eval_batch_size=1024; give at least 1 "
-            "(--data.batch_size, --data.eval_batch_size)",
+            "(--data.batch_size, --data.eval_batch_size, in Python FederatedDataModule(batch_size=..., "
+            "eval_batch_size=...))",
         ),
         (
             ["--data.partition", "shard", "--data.shards_per_client", "500"],
-            "lower shards_per_client or num_clients (--data.shards_per_client, --data.num_clients)",
+            "lower shards_per_client or num_clients (--data.shards_per_client, --data.num_clients, in Python "
+            "FederatedDataModule(shards_per_client=..., num_clients=...))",
         ),
         (["--model", "fedavgx"], "error: --model fedavgx: unknown method; did you mean fedavg? the methods are "),
     ],
@@ -158,7 +160,7 @@ def test_hook_contexts_rounds_are_0_based_as_rounds_md_says(tmp_path) -> None:
     tiny_run(tmp_path, _Rounds, rounds=2, data_kwargs={"num_clients": 1})
     assert _Rounds.seen == [("server", 0), ("client", 0), ("server", 1), ("client", 1)]
     table = (ROOT / "docs/source/rounds.md").read_text()
-    assert "`ServerContext`: round (0-based" in table and "`ClientContext`: round (0-based" in table
+    assert "`ServerContext`: `round` (0-based" in table and "`ClientContext`: `round` (0-based" in table
 
 
 def test_your_code_snippet_pastes_whole_without_resuming_a_completed_run() -> None:

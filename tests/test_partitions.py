@@ -172,7 +172,7 @@ def test_dirichlet_respects_min_size_and_skews():
 
 def test_dirichlet_raises_after_bounded_redraws():
     with pytest.raises(
-        ValueError, match=r"after 3 draws.*min_size=12.*raise alpha, lower min_size \(--data.min_client_size\) or"
+        ValueError, match=r"after 3 draws.*min_size=12.*raise alpha, lower min_size or num_clients \(--data.alpha, "
     ):
         dirichlet(LABELS, 40, alpha=0.01, seed=0, min_size=12, max_draws=3)
     with pytest.raises(ValueError, match=r"after 3 draws"):
@@ -321,11 +321,14 @@ def test_datamodule_short_option_defaults_are_the_partitioners():
         (lambda: Dirichlet("a"), "positive"),
         (lambda: Dirichlet(0.5, min_size=-1), "min_size must be at least 0"),
         (lambda: Dirichlet(0.5, max_draws=0), "max_draws must be at least 1"),
-        (lambda: Dirichlet(1.0, min_size=100)(LABELS, 10), r"lower min_size \(--data.min_client_size\) or num_clients"),
+        (
+            lambda: Dirichlet(1.0, min_size=100)(LABELS, 10),
+            r"lower min_size or num_clients \(--data.min_client_size, --data.num_clients, in Python ",
+        ),
         (lambda: dirichlet(LABELS, 10, alpha=1.0, min_size=-1), "min_size must be at least 0"),
         (
             lambda: dirichlet(LABELS, 10, alpha=1.0, min_size=100),
-            r"lower min_size \(--data.min_client_size\) or num_clients",
+            r"lower min_size or num_clients \(--data.min_client_size, --data.num_clients, in Python ",
         ),
         (lambda: dirichlet(LABELS, 10, alpha=1.0, max_draws=0), "max_draws"),
         (lambda: shard(LABELS, 10, 0), "shards_per_client must be at least 1"),

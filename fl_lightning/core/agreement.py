@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from fl_lightning.core.distributed import all_gather_object, is_distributed
+from fl_lightning.core.messages import option
 from fl_lightning.core.registry import import_path
 from fl_lightning.core.rundir import flatten, is_science_key
 
@@ -175,8 +176,8 @@ def check_same_settings(config: Mapping[str, Any], node: int = 0) -> None:
     problem = settings_disagreement([f for _, f in gathered], lambda i: f"rank {i} (node {nodes[i]})")
     if problem is not None:
         if "trainer.precision:" in problem:  # unless given, each machine's own GPU chooses it
-            problem += " (the precision each machine's GPU chose: give --trainer.precision on every node)"
+            problem += f" (the precision each machine's GPU chose: give {option('trainer.precision')} on every node)"
         raise ValueError(
-            f"{problem} (rank 0's -> its); start every node with the same command line (only "
+            f"{problem} (rank 0's -> its); start every node with the same command line or arguments (only "
             f"{', '.join(k.rstrip('.') for k in PER_NODE_KEYS if not k.endswith('.'))} may differ)"
         )

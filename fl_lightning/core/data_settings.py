@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from fl_lightning.core.datasets import DATASETS
-from fl_lightning.core.messages import require_bool, require_integer
+from fl_lightning.core.messages import option, options, require_bool, require_integer
 from fl_lightning.core.partitions import Given, Partitioner, client_id_array, make_partitioner, unused_partitioners
 from fl_lightning.core.sources import DataSource, Info, LoadedSource, load_source
 
@@ -131,7 +131,7 @@ def check_options(
     if batch_size < 1 or eval_batch_size < 1:
         raise ValueError(
             f"batch sizes must be positive, got batch_size={batch_size} and eval_batch_size={eval_batch_size}; "
-            "give at least 1 (--data.batch_size, --data.eval_batch_size)"
+            f"give at least 1 ({options('data.batch_size', 'data.eval_batch_size', inside=True)})"
         )
     require_integer("num_workers", num_workers, least=0)
     return given
@@ -144,17 +144,20 @@ def check_augment(augment: tuple[int, bool, int], input_shape: tuple[int, ...], 
     >>> check_augment((0, False, 9), (1, 8, 8), "digits")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
         ...
-    ValueError: cutout must be 0 (off) or a square side below digits's image side 8, got 9; set --data.cutout ...
+    ValueError: cutout must be 0 (off) or a square side below digits's image side 8, got 9; set it between 0 and 7 ...
     """
     side = min(input_shape[1:]) if len(input_shape) == 3 else None
     require_bool("hflip", augment[1])
-    for option, value in (("crop_padding", augment[0]), ("cutout", augment[2])):
-        require_integer(option, value)
+    for setting, value in (("crop_padding", augment[0]), ("cutout", augment[2])):
+        require_integer(setting, value)
         if value < 0 or (side is not None and value >= side):
-            what = "a padding" if option == "crop_padding" else "a square side"
+            what = "a padding" if setting == "crop_padding" else "a square side"
             limit = f" below {name}'s image side {side}" if side is not None else ""
             fix = f"between 0 and {side - 1}" if side is not None else "to 0 or more"
-            raise ValueError(f"{option} must be 0 (off) or {what}{limit}, got {value}; set --data.{option} {fix}")
+            raise ValueError(
+                f"{setting} must be 0 (off) or {what}{limit}, got {value}; set it {fix} "
+                f"({option('data.' + setting, inside=True)})"
+            )
 
 
 def resolve_client_ids(client_ids: Any, source: DataSource | None, loaded: LoadedSource | None) -> np.ndarray:

@@ -22,7 +22,7 @@ from PIL import Image
 
 from fl_lightning.core.augment import input_stats
 from fl_lightning.core.files import atomic_path
-from fl_lightning.core.messages import short
+from fl_lightning.core.messages import option, short
 from fl_lightning.core.registry import Registry
 
 #: Folder used when ``root`` is not given.
@@ -125,7 +125,10 @@ def load_dataset(name: str, root: str | None = None, download: bool = False) -> 
         raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
     root_dir = Path(root if root is not None else DEFAULT_ROOT).expanduser()
     if root_dir.exists() and not root_dir.is_dir():
-        raise ValueError(f"--data.root {root_dir} is a file; give the folder that holds (or is to hold) {name}'s files")
+        raise ValueError(
+            f"root {root_dir} is a file; give the folder that holds (or is to hold) {name}'s files "
+            f"({option('data.root', inside=True)})"
+        )
     if root is None and info.searches_system:
         train_x, train_y, test_x, test_y, num_classes = info.loader(root_dir, download, system=True)
     else:
@@ -289,9 +292,10 @@ def _idx_loader(tv_folder: str, system_dir: str, title: str, tv_class: str, apt_
                 getattr(tvd, tv_class)(str(root), train=train, download=True)
             files = _find_idx_files(root / tv_folder / "raw")
         if files is None:
-            how = f"Pass --data.download true to download it with torchvision into {root}"
+            how = f"Pass {option('data.download', True)} to download it with torchvision into {root}"
             if apt_package:
-                how += f", or install Debian's package (apt-get install {apt_package}) and leave --data.root unset"
+                how += f", or install Debian's package (apt-get install {apt_package}) and leave the root unset "
+                how += "(no --data.root; in Python FederatedDataModule(root=None))"
             names = ", ".join(_IDX_FILES)
             raise _missing(f"{title} ({names}, raw or .gz)", candidates, how + ".")
         magics = (_IDX_IMAGES_MAGIC, _IDX_LABELS_MAGIC) * 2
@@ -369,7 +373,7 @@ def _cifar_loader(
             raise _missing(
                 f"{title} python batches ({names})",
                 [root / folder, root],
-                f"Pass --data.download true to download it with torchvision into {root}.",
+                f"Pass {option('data.download', True)} to download it with torchvision into {root}.",
             )
         batches = [_read_cifar_batch(directory / name, label_key) for name in train_files]
         test_x, test_y = _read_cifar_batch(directory / test_file, label_key)

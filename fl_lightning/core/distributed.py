@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from fl_lightning.core.messages import option
+
 
 def is_distributed() -> bool:
     """Whether a process group with more than one process is running."""
@@ -93,7 +95,7 @@ def assign_clients(steps: Sequence[int], world_size: int) -> list[list[int]]:
     if len(steps) < world_size:
         raise ValueError(
             f"{len(steps)} clients per round cannot be shared by {world_size} processes; "
-            "raise --federation.sample_ratio or use fewer devices"
+            f"raise {option('federation.sample_ratio')} or use fewer devices"
         )
     heap = [(0, rank) for rank in range(world_size)]
     shares: list[list[int]] = [[] for _ in range(world_size)]

@@ -8,6 +8,9 @@ what to give and shows the value: ``<name> must be <what>, got <value>``. They t
 ('bad value', 'KeyError')
 >>> short(3), short(list(range(100)))
 ('3', 'a list object')
+
+A setting a message tells the user to change is named in both spellings (:func:`option`, :func:`options`): the
+command line's, and the Python argument it is (``--data.num_clients`` is ``FederatedDataModule(num_clients=...)``).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import numpy as np
 __all__ = [
     "finite_number",
     "first_line",
+    "option",
+    "options",
     "require",
     "require_bool",
     "require_integer",
@@ -42,6 +47,85 @@ def short(value: Any) -> str:
     """``repr(value)`` when it is one short line, else what kind of object it is."""
     text = repr(value)
     return text if "\n" not in text and len(text) <= 80 else f"a {type(value).__name__} object"
+
+
+#: What each command-line group configures in Python (``--data.x`` is ``FederatedDataModule(x=...)``); a method's
+#: options (``--model.x``) are its class's arguments, which :func:`option` names when it is told the class.
+PYTHON_OWNERS = {
+    "data": "FederatedDataModule",
+    "federation": "Federation",
+    "trainer": "L.Trainer",
+    "model": "the method",
+}
+
+
+def _python(group: str, arguments: Sequence[str], owner: str | None) -> str:
+    """The Python spelling of ``group``'s ``arguments`` (``name=value``): ``Owner(a=1, b=...)``, or the method's."""
+    who = owner or PYTHON_OWNERS.get(group)
+    if who is None:
+        raise ValueError(f"option: no Python spelling for --{group}.*")  # a mistake in fl_lightning's code
+    return f"the method's {', '.join(arguments)}" if who == "the method" else f"{who}({', '.join(arguments)})"
+
+
+def options(*names: str, joint: str = ", ", owner: str | None = None, inside: bool = False) -> str:
+    """Several options of one group in both spellings: ``--x.a, --x.b (in Python X(a=..., b=...))``.
+
+    Args:
+        names: the options as the command line spells them without the dashes (``"data.batch_size"``), all of one
+            group (``data``, ``federation``, ``trainer`` or ``model``).
+        joint: what stands between the command line's options (``" or "``: ``--x.a or --x.b``).
+        owner: the Python class the options are arguments of, when the group's default is not it (a method's name:
+            ``FedSSD(aux_per_class=...)`` rather than ``the method's aux_per_class=...``).
+        inside: for a message that already opens a parenthesis: ``--x.a, in Python X(a=...)`` without its own.
+
+    >>> options("data.batch_size", "data.eval_batch_size")
+    '--data.batch_size, --data.eval_batch_size (in Python FederatedDataModule(batch_size=..., eval_batch_size=...))'
+    >>> options("federation.rounds", "federation.sample_ratio", joint=" or ", inside=True)
+    '--federation.rounds or --federation.sample_ratio, in Python Federation(rounds=..., sample_ratio=...)'
+    """
+    groups = {name.partition(".")[0] for name in names}
+    if len(groups) != 1 or not all("." in name for name in names):
+        raise ValueError(f"options: give options of one group, got {names}")  # a mistake in fl_lightning's code
+    return _spelt(
+        joint.join(f"--{name}" for name in names),
+        _python(groups.pop(), [f"{name.partition('.')[2]}=..." for name in names], owner),
+        inside,
+    )
+
+
+def option(name: str, value: object = None, *, owner: str | None = None, inside: bool = False) -> str:
+    """One option in both spellings, the command line's and Python's: ``--x.y 5 (in Python X(y=5))``.
+
+    Args:
+        name: the option as the command line spells it without the dashes (``"data.holdout_per_class"``).
+        value: the value to give, as Python's (the command line's ``true``/``false`` for a bool); None for none.
+        owner: the Python class, when not the group's (:func:`options`): a method's name for a ``model`` option.
+        inside: for a message that already opens a parenthesis: ``--x.y 5, in Python X(y=5)`` without its own.
+
+    >>> option("data.holdout_per_class", 5)
+    '--data.holdout_per_class 5 (in Python FederatedDataModule(holdout_per_class=5))'
+    >>> option("federation.engine", "sequential")
+    "--federation.engine sequential (in Python Federation(engine='sequential'))"
+    >>> option("data.drop_last", False)
+    '--data.drop_last false (in Python FederatedDataModule(drop_last=False))'
+    >>> option("model.net"), option("model.aux_per_class", owner="FedSSD")
+    ("--model.net (in Python the method's net=...)", '--model.aux_per_class (in Python FedSSD(aux_per_class=...))')
+    >>> option("trainer.default_root_dir", inside=True)
+    '--trainer.default_root_dir, in Python L.Trainer(default_root_dir=...)'
+    """
+    group, _, argument = name.partition(".")
+    if not argument:
+        raise ValueError(f"option: {name!r} names no group")  # a mistake in fl_lightning's code
+    if isinstance(value, np.generic):  # numpy's scalar as Python's (``5``, not ``np.int64(5)``)
+        value = value.item()
+    if value is None:
+        return _spelt(f"--{name}", _python(group, [f"{argument}=..."], owner), inside)
+    given = str(value).lower() if isinstance(value, bool) else str(value)
+    return _spelt(f"--{name} {given}", _python(group, [f"{argument}={value!r}"], owner), inside)
+
+
+def _spelt(command_line: str, python: str, inside: bool) -> str:
+    return f"{command_line}, in Python {python}" if inside else f"{command_line} (in Python {python})"
 
 
 def require(ok: bool, message: str) -> None:

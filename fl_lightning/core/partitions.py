@@ -21,7 +21,7 @@ from typing import Any, ClassVar, cast
 
 import numpy as np
 
-from fl_lightning.core.messages import finite_number
+from fl_lightning.core.messages import finite_number, option, options
 from fl_lightning.core.registry import Registry, named_subclass
 
 Labels = Sequence[int] | np.ndarray
@@ -60,7 +60,7 @@ def _alpha(alpha: float) -> float:
     if value is None or value <= 0:
         raise ValueError(
             f"the Dirichlet concentration must be a positive number, got alpha={alpha!r}; "
-            "give a finite alpha > 0 (--data.alpha; e.g. 0.5, smaller is more skewed)"
+            f"give a finite alpha > 0 ({option('data.alpha', inside=True)}; e.g. 0.5, smaller is more skewed)"
         )
     return value
 
@@ -118,7 +118,8 @@ def dirichlet(
     if min_size * num_clients > len(y):
         raise ValueError(
             f"{num_clients} clients of at least {min_size} samples need {min_size * num_clients} samples, "
-            f"only {len(y)} exist; lower min_size (--data.min_client_size) or num_clients"
+            f"only {len(y)} exist; lower min_size or num_clients "
+            f"({options('data.min_client_size', 'data.num_clients', inside=True)})"
         )
     rng = np.random.default_rng(seed)
     members_by_class = [np.flatnonzero(y == c) for c in np.unique(y)]
@@ -140,7 +141,8 @@ def dirichlet(
     raise ValueError(
         f"after {max_draws} draws of Dir({alpha}) over {num_clients} clients, {len(small)} client(s) still held "
         f"fewer than min_size={min_size} samples (last draw: {shown}; {spread}); "
-        "raise alpha, lower min_size (--data.min_client_size) or num_clients"
+        "raise alpha, lower min_size or num_clients "
+        f"({options('data.alpha', 'data.min_client_size', 'data.num_clients', inside=True)})"
     )
 
 
@@ -168,7 +170,8 @@ def shard(labels: Labels, num_clients: int, shards_per_client: int, seed: int = 
     if num_shards > len(y):
         raise ValueError(
             f"{num_clients} clients x {shards_per_client} shards = {num_shards} shards exceed the {len(y)} samples; "
-            "lower shards_per_client or num_clients (--data.shards_per_client, --data.num_clients)"
+            "lower shards_per_client or num_clients "
+            f"({options('data.shards_per_client', 'data.num_clients', inside=True)})"
         )
     rng = np.random.default_rng(seed)
     shuffled = rng.permutation(len(y))

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fl_lightning.core import faults
+from fl_lightning.core.messages import option
 
 
 class RunDirError(ValueError):
@@ -85,7 +86,8 @@ def claim_run_dir(run_dir: str | os.PathLike[str]) -> Path:
             fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as err:
             raise RunDirError(
-                f"cannot write to {run_dir} ({err.strerror or err}); choose another --trainer.default_root_dir"
+                f"cannot write to {run_dir} ({err.strerror or err}); choose another "
+                + option("trainer.default_root_dir")
             ) from err
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -94,7 +96,7 @@ def claim_run_dir(run_dir: str | os.PathLike[str]) -> Path:
             os.close(fd)
             raise RunDirInUse(
                 f"{run_dir} is in use by another fit (pid {holder}); wait for it to end or stop it, "
-                "or choose another --trainer.default_root_dir"
+                f"or choose another {option('trainer.default_root_dir')}"
             ) from None
         except OSError as err:
             if err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):

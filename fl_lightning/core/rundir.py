@@ -56,6 +56,7 @@ TRAINER_SCIENCE_KEYS: tuple[str, ...] = (
 GROW_KEYS: tuple[str, ...] = ("federation.rounds", "trainer.max_epochs")
 #: Model hyper-parameters derived from the data (linked at instantiation, absent from the parsed config).
 _DERIVED = ("num_classes", "in_channels", "image_size")
+_MOVE_IT_AWAY = "move it away (the command line's --overwrite does that)"  # a fit from Python has no --overwrite
 #: Data options that, left unset (None), are read from the data itself; the data keys themselves are compared.
 _DATA_DERIVED = ("data.num_classes", "data.num_clients")
 #: Files that make a directory hold a run's results (a directory with only config.yaml/partition files holds none).
@@ -202,9 +203,9 @@ def read_summary(run_dir: Path) -> dict[str, Any] | None:
     try:
         summary = json.loads(path.read_text())
     except (OSError, ValueError) as err:
-        raise RunDirError(f"{path} is unreadable ({err}); move it away or pass --overwrite") from err
+        raise RunDirError(f"{path} is unreadable ({err}); {_MOVE_IT_AWAY}") from err
     if not isinstance(summary, dict):
-        raise RunDirError(f"{path} is not a run summary; move it away or pass --overwrite")
+        raise RunDirError(f"{path} is not a run summary; {_MOVE_IT_AWAY}")
     return summary
 
 
@@ -215,7 +216,7 @@ def read_config(path: Path) -> dict[str, Any] | None:
     try:
         config = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError) as err:
-        raise RunDirError(f"{path} is unreadable ({err}); move it away or pass --overwrite") from err
+        raise RunDirError(f"{path} is unreadable ({err}); {_MOVE_IT_AWAY}") from err
     return config if isinstance(config, dict) else None
 
 

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fl_lightning.core.messages import option
 from fl_lightning.core.partitions import Given, Partitioner, class_counts
 
 __all__ = ["given_after_holdout", "holdout_split", "split_clients"]
@@ -48,7 +49,7 @@ def holdout_split(labels: np.ndarray, num_classes: int, per_class: int, seed: in
             if len(members) <= per_class:
                 raise ValueError(
                     f"holdout_per_class={per_class} would take every training sample of class {c} "
-                    f"({len(members)} samples); lower --data.holdout_per_class"
+                    f"({len(members)} samples); lower {option('data.holdout_per_class')}"
                 )
             aux.append(np.sort(rng.choice(members, per_class, replace=False)))
         aux_idx = np.concatenate(aux)
